@@ -1,0 +1,1 @@
+"""rlgate embedded engine: a CPU inference server speaking SGLang's native protocol."""

@@ -1,0 +1,194 @@
+"""The `rlgate` command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+import click
+from sqlalchemy import select
+from sqlalchemy.exc import OperationalError, ProgrammingError
+
+from gateway import __version__
+from gateway.settings import ConfigError, Settings, get_settings
+
+
+def _fail(message: str) -> None:
+    click.echo(f"rlgate: error: {message}", err=True)
+    sys.exit(2)
+
+
+def clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn configuration and database errors into one line on stderr, exit code 2."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as e:
+            _fail(str(e))
+        except (OperationalError, ProgrammingError) as e:
+            reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+            _fail(f"database error: {reason}")
+
+    return wrapper
+
+
+def load_settings() -> Settings:
+    try:
+        return get_settings()
+    except ConfigError:
+        raise
+    except Exception as e:  # pydantic ValidationError and TOML errors
+        raise ConfigError(f"invalid settings: {' '.join(str(e).split())}") from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    help="TOML config file (same keys as the RLGATE_* variables, lower case, without prefix).",
+)
+def main(config_file: str | None) -> None:
+    """rlgate: an OpenAI/Anthropic-compatible gateway that lets deployed agents learn online.
+
+    Settings come from RLGATE_* environment variables and an optional TOML file;
+    `rlgate config` shows the effective values.
+    """
+    if config_file:
+        os.environ["RLGATE_CONFIG"] = config_file
+        get_settings.cache_clear()
+
+
+@main.command()
+def version() -> None:
+    """Print the rlgate version."""
+    click.echo(f"rlgate {__version__}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@clean_errors
+def config(as_json: bool) -> None:
+    """Print the effective settings (secrets masked)."""
+    values = load_settings().masked()
+    if as_json:
+        click.echo(json.dumps(values, indent=2))
+        return
+    width = max(len(k) for k in values)
+    for key, value in values.items():
+        click.echo(f"RLGATE_{key.upper():<{width}}  {value}")
+
+
+@main.command()
+@click.option("--revision", default="head", show_default=True, help="Target revision.")
+@click.option("--downgrade", "down_to", default=None, help="Downgrade to this revision instead.")
+@clean_errors
+def migrate(revision: str, down_to: str | None) -> None:
+    """Create or upgrade the database schema (Alembic)."""
+    from gateway import migrate as mig
+
+    url = load_settings().effective_database_url
+    if down_to:
+        mig.downgrade(url, down_to)
+        click.echo(f"downgraded to {down_to}")
+    else:
+        mig.upgrade(url, revision)
+        click.echo(f"database at revision {mig.current(url)}")
+
+
+@main.group()
+def keys() -> None:
+    """Create, list and revoke API keys."""
+
+
+def _open_db():  # type: ignore[no-untyped-def]
+    from gateway.db import check_connection, make_engine, session_factory
+    from gateway.migrate import current
+
+    settings = load_settings()
+    engine = make_engine(settings.effective_database_url)
+    check_connection(engine)
+    if current(settings.effective_database_url) is None:
+        raise ConfigError("the database is not migrated yet; run `rlgate migrate` first")
+    return session_factory(engine)
+
+
+@keys.command("create")
+@click.option("--project", required=True, help="Project id (created if new).")
+@click.option(
+    "--kind", type=click.Choice(["admin", "agent", "feedback"]), required=True, help="Key kind."
+)
+@click.option("--name", default=None, help="A label for the key.")
+@clean_errors
+def keys_create(project: str, kind: str, name: str | None) -> None:
+    """Create a key and print its secret once (only a hash is stored)."""
+    from gateway.db import transaction
+    from gateway.keys import create_key
+
+    factory = _open_db()
+    with transaction(factory) as db:
+        row, secret = create_key(db, project, kind, name=name)
+    click.echo(f"created {kind} key {row.id} for project {project}", err=True)
+    click.echo("the secret is shown once; store it now:", err=True)
+    click.echo(secret)
+
+
+@keys.command("list")
+@click.option("--project", default=None, help="Only this project.")
+@click.option("--all", "show_all", is_flag=True, help="Include revoked keys.")
+@clean_errors
+def keys_list(project: str | None, show_all: bool) -> None:
+    """List keys (never their secrets)."""
+    from schemas.tables import ApiKeyRow
+
+    factory = _open_db()
+    with factory() as db:
+        query = select(ApiKeyRow).order_by(ApiKeyRow.created_at)
+        if project:
+            query = query.where(ApiKeyRow.project_id == project)
+        if not show_all:
+            query = query.where(ApiKeyRow.revoked_at.is_(None))
+        rows = db.scalars(query).all()
+    click.echo(f"{'ID':<30} {'PROJECT':<16} {'KIND':<9} {'PREFIX':<13} {'CREATED':<20} STATUS")
+    for r in rows:
+        status = f"revoked {r.revoked_at:%Y-%m-%d %H:%M}" if r.revoked_at else "active"
+        click.echo(
+            f"{r.id:<30} {r.project_id:<16} {r.kind:<9} {r.prefix + '…':<13} "
+            f"{r.created_at:%Y-%m-%d %H:%M:%S}  {status}"
+        )
+
+
+@keys.command("revoke")
+@click.argument("key_id")
+@clean_errors
+def keys_revoke(key_id: str) -> None:
+    """Revoke a key by id; it stops working at once."""
+    from gateway.db import transaction
+    from gateway.keys import revoke_key
+
+    factory = _open_db()
+    with transaction(factory) as db:
+        row = revoke_key(db, key_id)
+    if row is None:
+        _fail(f"no key with id {key_id} (see `rlgate keys list --all`)")
+    click.echo(f"revoked {key_id}")
+
+
+def _register_optional_commands() -> None:
+    try:
+        from engine.cli import engine_command
+    except ImportError:
+        return
+    main.add_command(engine_command, "engine")
+
+
+_register_optional_commands()
+
+if __name__ == "__main__":
+    main()

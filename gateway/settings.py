@@ -1,0 +1,141 @@
+"""One settings object for every rlgate process.
+
+Values come from, in order of precedence: explicit keyword arguments, ``RLGATE_*``
+environment variables, a TOML config file (``RLGATE_CONFIG`` or ``rlgate --config``),
+then the defaults below. The defaults give the embedded shape: a SQLite file under the
+data dir, the embedded CPU engine on localhost, the packaged SmolLM2-135M-Instruct and an
+in-process broker.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+EMBEDDED_ENGINE_URL = "http://127.0.0.1:30000"
+PACKAGED_MODEL = "packaged:smollm2-135m-instruct"
+
+
+class ConfigError(Exception):
+    """A setting that cannot work; the message is one line that says what to change."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RLGATE_", extra="ignore")
+
+    data_dir: Path = Field(
+        Path("./rlgate-data"),
+        description="Where the SQLite file, model cache, adapters and spool live.",
+    )
+    database_url: str = Field(
+        "", description="SQLAlchemy URL; default sqlite:///<data dir>/rlgate.db."
+    )
+    engine_urls: str = Field(
+        EMBEDDED_ENGINE_URL,
+        description="Comma-separated engine base URLs (SGLang native protocol).",
+    )
+    model_path: str = Field(
+        PACKAGED_MODEL, description="HF model dir, or the packaged SmolLM2-135M-Instruct."
+    )
+    served_model_name: str = Field(
+        "rlgate-policy", description="Model name clients see in /v1/models."
+    )
+    broker_url: str = Field(
+        "", description="Celery broker; empty means embedded (SQLite-backed, no server)."
+    )
+    admin_key: SecretStr | None = Field(
+        None, description="Bootstrap admin key, accepted as an admin credential."
+    )
+    gateway_host: str = Field("127.0.0.1", description="Gateway bind address.")
+    gateway_port: int = Field(8000, description="Gateway port.")
+    engine_port: int = Field(30000, description="Embedded engine port.")
+    log_level: str = Field("info", description="Log level for every process.")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get("RLGATE_CONFIG")
+        if config_file:
+            path = Path(config_file)
+            if not path.is_file():
+                raise ConfigError(f"RLGATE_CONFIG points at {path}, which is not a file")
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, v: str) -> str:
+        v = v.lower()
+        if v not in {"debug", "info", "warning", "error", "critical"}:
+            raise ValueError("log_level must be one of debug, info, warning, error, critical")
+        return v
+
+    # ---- derived values -------------------------------------------------------------
+
+    @property
+    def effective_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'rlgate.db').as_posix()}"
+
+    @property
+    def engine_url_list(self) -> list[str]:
+        return [u.strip().rstrip("/") for u in self.engine_urls.split(",") if u.strip()]
+
+    @property
+    def effective_broker_url(self) -> str:
+        if self.broker_url:
+            return self.broker_url
+        return f"sqla+sqlite:///{(self.data_dir / 'broker.db').as_posix()}"
+
+    @property
+    def uses_packaged_model(self) -> bool:
+        return self.model_path == PACKAGED_MODEL
+
+    def masked(self) -> dict[str, Any]:
+        """Effective settings as plain values, secrets and URL passwords masked."""
+        out: dict[str, Any] = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, SecretStr):
+                value = "********" if value.get_secret_value() else ""
+            elif value is None:
+                value = ""
+            out[name] = str(value)
+        out["database_url"] = mask_url(self.effective_database_url)
+        out["broker_url"] = mask_url(self.effective_broker_url)
+        return out
+
+
+def mask_url(url: str) -> str:
+    """Hide the password in ``scheme://user:password@host/...``."""
+    if "://" not in url or "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    if ":" in creds:
+        user = creds.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{host}"
+    return url
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

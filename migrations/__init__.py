@@ -1,0 +1,1 @@
+"""Alembic migrations for the rlgate database (one linear history, PostgreSQL and SQLite)."""

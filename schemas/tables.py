@@ -1,0 +1,224 @@
+"""SQLAlchemy 2.0 tables that store ATDP v1 records (see ``schemas/atdp.py``).
+
+Hot queries and their indexes:
+- key lookup by hash: ``api_keys.key_hash`` (unique);
+- sessions by project and time: ``ix_sessions_project_created``;
+  the latest session of a key: ``ix_sessions_key_activity``;
+  a client's own session id: ``ix_sessions_project_external``;
+- interactions by session and sequence: ``uq_interactions_session_seq``;
+- rated-but-unconsumed interactions by project: ``ix_interactions_trainable``
+  (partial index on both PostgreSQL and SQLite);
+- feedback by target: ``ix_feedback_target``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from schemas.coltypes import Logprobs, PortableJSON, TokenIds, UTCDateTime, utcnow
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+ID = String(128)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict[str, Any]: PortableJSON, list[Any]: PortableJSON}
+
+
+class ProjectRow(Base):
+    __tablename__ = "projects"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    training_paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class ApiKeyRow(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    project_id: Mapped[str] = mapped_column(
+        ForeignKey("projects.id", ondelete="CASCADE"), index=True
+    )
+    kind: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str | None] = mapped_column(String(200))
+    session_id: Mapped[str | None] = mapped_column(ID)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class SessionRow(Base):
+    __tablename__ = "sessions"
+    __table_args__ = (
+        Index("ix_sessions_project_created", "project_id", "created_at"),
+        Index("ix_sessions_project_external", "project_id", "external_id"),
+        Index("ix_sessions_key_activity", "api_key_id", "last_activity_at"),
+        Index("ix_sessions_status_activity", "status", "last_activity_at"),
+    )
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    task_id: Mapped[str | None] = mapped_column(String(200))
+    agent_name: Mapped[str | None] = mapped_column(String(200))
+    client_protocol: Mapped[str | None] = mapped_column(String(32))
+    external_id: Mapped[str | None] = mapped_column(String(200))
+    api_key_id: Mapped[str | None] = mapped_column(ID)
+    status: Mapped[str] = mapped_column(String(16), default="open")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_activity_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    closed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
+
+
+class InteractionRow(Base):
+    __tablename__ = "interactions"
+    __table_args__ = (
+        UniqueConstraint("session_id", "seq", name="uq_interactions_session_seq"),
+        Index("ix_interactions_group", "group_id"),
+        Index("ix_interactions_project_created", "project_id", "created_at"),
+        Index(
+            "ix_interactions_trainable",
+            "project_id",
+            "created_at",
+            postgresql_where=text("reward IS NOT NULL AND consumed_by_run_id IS NULL"),
+            sqlite_where=text("reward IS NOT NULL AND consumed_by_run_id IS NULL"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(Integer)
+    parent_id: Mapped[str | None] = mapped_column(ID)
+    group_id: Mapped[str | None] = mapped_column(ID)
+    choice_index: Mapped[int] = mapped_column(Integer, default=0)
+    request: Mapped[dict[str, Any]] = mapped_column()
+    prompt_token_ids: Mapped[list[int]] = mapped_column(TokenIds)
+    completion_token_ids: Mapped[list[int]] = mapped_column(TokenIds)
+    completion_logprobs: Mapped[list[float]] = mapped_column(Logprobs)
+    temperature: Mapped[float] = mapped_column(Float)
+    top_p: Mapped[float] = mapped_column(Float)
+    policy_version: Mapped[str] = mapped_column(String(200))
+    finish_reason: Mapped[str] = mapped_column(String(32))
+    output: Mapped[dict[str, Any]] = mapped_column()
+    usage: Mapped[dict[str, Any]] = mapped_column()
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    engine_url: Mapped[str | None] = mapped_column(String(500))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    reward: Mapped[float | None] = mapped_column(Float)
+    consumed_by_run_id: Mapped[str | None] = mapped_column(ID)
+
+
+class FeedbackRow(Base):
+    __tablename__ = "feedback"
+    __table_args__ = (
+        Index("ix_feedback_target", "target_type", "target_id"),
+        Index("ix_feedback_session", "session_id"),
+        Index("ix_feedback_project_created", "project_id", "created_at"),
+        UniqueConstraint("project_id", "idempotency_key", name="uq_feedback_idempotency"),
+    )
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    target_type: Mapped[str] = mapped_column(String(16))
+    target_id: Mapped[str] = mapped_column(ID)
+    session_id: Mapped[str | None] = mapped_column(ID)
+    value: Mapped[Any] = mapped_column(PortableJSON)
+    scale: Mapped[str] = mapped_column(String(16))
+    scale_min: Mapped[float | None] = mapped_column(Float)
+    scale_max: Mapped[float | None] = mapped_column(Float)
+    reward: Mapped[float] = mapped_column(Float)
+    source: Mapped[str] = mapped_column(String(16), default="user")
+    rater: Mapped[str | None] = mapped_column(String(200))
+    comment: Mapped[str | None] = mapped_column(Text)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+    api_key_id: Mapped[str | None] = mapped_column(ID)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class PolicyVersionRow(Base):
+    __tablename__ = "policy_versions"
+    __table_args__ = (
+        UniqueConstraint("project_id", "version", name="uq_policy_versions_project_version"),
+        UniqueConstraint("project_id", "name", name="uq_policy_versions_project_name"),
+        Index("ix_policy_versions_project_status", "project_id", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(200))
+    version: Mapped[int] = mapped_column(Integer)
+    parent_name: Mapped[str | None] = mapped_column(String(200))
+    base_model: Mapped[str] = mapped_column(String(500))
+    path: Mapped[str] = mapped_column(String(1000))
+    lora_config: Mapped[dict[str, Any]] = mapped_column()
+    created_by_run_id: Mapped[str | None] = mapped_column(ID)
+    status: Mapped[str] = mapped_column(String(16), default="candidate")
+    eval_metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    promoted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class TrainingRunRow(Base):
+    __tablename__ = "training_runs"
+    __table_args__ = (
+        Index("ix_training_runs_project_created", "project_id", "created_at"),
+        Index("ix_training_runs_project_status", "project_id", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    trigger: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(32), default="queued")
+    config: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    num_samples: Mapped[int] = mapped_column(Integer, default=0)
+    step_metrics: Mapped[list[Any]] = mapped_column(default=list)
+    policy_version_id: Mapped[str | None] = mapped_column(ID)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class AuditEventRow(Base):
+    __tablename__ = "audit_events"
+    __table_args__ = (Index("ix_audit_events_project_created", "project_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    project_id: Mapped[str | None] = mapped_column(ID)
+    actor: Mapped[str] = mapped_column(String(200))
+    action: Mapped[str] = mapped_column(String(64))
+    target_type: Mapped[str | None] = mapped_column(String(32))
+    target_id: Mapped[str | None] = mapped_column(ID)
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

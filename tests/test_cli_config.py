@@ -1,0 +1,89 @@
+"""Settings defaults, overrides, masking, and one-line errors for bad configuration."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gateway.settings import EMBEDDED_ENGINE_URL, PACKAGED_MODEL, Settings
+
+
+def rlgate(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_defaults_give_the_embedded_shape(tmp_path, monkeypatch):
+    monkeypatch.delenv("RLGATE_DATA_DIR")
+    monkeypatch.chdir(tmp_path)
+    s = Settings()
+    assert str(s.data_dir) == "rlgate-data"
+    assert s.effective_database_url == "sqlite:///rlgate-data/rlgate.db"
+    assert s.engine_url_list == [EMBEDDED_ENGINE_URL]
+    assert s.model_path == PACKAGED_MODEL and s.uses_packaged_model
+    assert s.effective_broker_url.startswith("sqla+sqlite:///")
+
+
+def test_env_and_config_file(tmp_path, monkeypatch):
+    cfg = tmp_path / "rlgate.toml"
+    cfg.write_text('engine_urls = "http://a:1, http://b:2/"\ngateway_port = 9000\n')
+    monkeypatch.setenv("RLGATE_CONFIG", str(cfg))
+    monkeypatch.setenv("RLGATE_GATEWAY_PORT", "9100")  # env beats the file
+    s = Settings()
+    assert s.engine_url_list == ["http://a:1", "http://b:2"]
+    assert s.gateway_port == 9100
+
+
+def test_config_masks_secrets():
+    out = rlgate(
+        "config",
+        env={
+            "RLGATE_ADMIN_KEY": "super-secret-admin",
+            "RLGATE_DATABASE_URL": "postgresql://rl:hunter2@db.internal/rlgate",
+            "RLGATE_BROKER_URL": "redis://:brokerpw@localhost:6379/0",
+        },
+    )
+    assert out.returncode == 0, out.stderr
+    assert "super-secret-admin" not in out.stdout and "********" in out.stdout
+    assert "hunter2" not in out.stdout and "postgresql://rl:***@db.internal/rlgate" in out.stdout
+    assert "brokerpw" not in out.stdout
+
+
+def test_version():
+    out = rlgate("version")
+    assert out.returncode == 0 and out.stdout.startswith("rlgate ")
+
+
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        ({"RLGATE_DATABASE_URL": "mysql://root@localhost/x"}, "scheme 'mysql' is not supported"),
+        ({"RLGATE_DATABASE_URL": "not a url"}, "is not a URL"),
+        (
+            {"RLGATE_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/x"},
+            "cannot reach the database",
+        ),
+        ({"RLGATE_CONFIG": "/nonexistent/rlgate.toml"}, "not a file"),
+        ({"RLGATE_GATEWAY_PORT": "eighty"}, "invalid settings"),
+    ],
+)
+def test_bad_config_is_one_clear_line(env, message):
+    out = rlgate("migrate", env=env)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("rlgate: error: ") and message in lines[0]
+
+
+def test_keys_before_migrate_says_what_to_do():
+    out = rlgate("keys", "list")
+    assert out.returncode == 2 and "run `rlgate migrate` first" in out.stderr

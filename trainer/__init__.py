@@ -1,0 +1,1 @@
+"""rlgate trainer: Celery jobs that turn rated trajectories into LoRA adapters."""
