@@ -180,6 +180,32 @@ def keys_revoke(key_id: str) -> None:
     click.echo(f"revoked {key_id}")
 
 
+@main.command()
+@click.option("--host", default=None, help="Bind address (default RLGATE_GATEWAY_HOST).")
+@click.option("--port", type=int, default=None, help="Port (default RLGATE_GATEWAY_PORT).")
+@clean_errors
+def gateway(host: str | None, port: int | None) -> None:
+    """Run the gateway (OpenAI-compatible API, recording, sessions)."""
+    import uvicorn
+
+    from gateway.app import build_gateway, create_app
+
+    settings = load_settings()
+    build_gateway(settings)  # fail fast, with one line, on a bad database or model
+    host = host or settings.gateway_host
+    port = port or settings.gateway_port
+    click.echo(
+        f"rlgate gateway on http://{host}:{port}/v1 (engines: {settings.engine_urls})", err=True
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=10,
+    )
+
+
 def _register_optional_commands() -> None:
     try:
         from engine.cli import engine_command

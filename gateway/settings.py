@@ -60,6 +60,19 @@ class Settings(BaseSettings):
     gateway_port: int = Field(8000, description="Gateway port.")
     engine_port: int = Field(30000, description="Embedded engine port.")
     log_level: str = Field("info", description="Log level for every process.")
+    tokenizer_path: str = Field(
+        "", description="Tokenizer for chat templates; default: the model's."
+    )
+    default_project: str = Field("default", description="Project of the bootstrap admin key.")
+    session_idle_timeout_s: float = Field(
+        1800.0, gt=0, description="Idle time that ends a session."
+    )
+    max_in_flight_per_engine: int = Field(
+        64, ge=1, description="In-flight bound per engine (429 past it)."
+    )
+    engine_timeout_s: float = Field(600.0, gt=0, description="Timeout of one engine request.")
+    tool_parser: str = Field("hermes", description="Tool-call format: hermes or llama3_json.")
+    reasoning_parser: bool = Field(False, description="Split <think>...</think> into reasoning.")
 
     @classmethod
     def settings_customise_sources(

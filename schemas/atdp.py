@@ -197,6 +197,9 @@ class Interaction(Record):
         None, ge=-1, le=1, description="aggregated reward, set by credit assignment"
     )
     consumed_by_run_id: Id | None = None
+    continuation_hash: str | None = Field(
+        None, description="hash of the request messages plus this answer (session stitching)"
+    )
 
     @model_validator(mode="after")
     def _aligned(self) -> Interaction:

@@ -104,6 +104,7 @@ class InteractionRow(Base):
         UniqueConstraint("session_id", "seq", name="uq_interactions_session_seq"),
         Index("ix_interactions_group", "group_id"),
         Index("ix_interactions_project_created", "project_id", "created_at"),
+        Index("ix_interactions_continuation", "project_id", "continuation_hash"),
         Index(
             "ix_interactions_trainable",
             "project_id",
@@ -136,6 +137,9 @@ class InteractionRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     reward: Mapped[float | None] = mapped_column(Float)
     consumed_by_run_id: Mapped[str | None] = mapped_column(ID)
+    # hash of (request messages + this answer): a later call whose messages start with
+    # exactly this conversation continues it (session stitching, parent links)
+    continuation_hash: Mapped[str | None] = mapped_column(String(64))
 
 
 class FeedbackRow(Base):

@@ -46,11 +46,21 @@ def test_example_validates_and_round_trips(path, migrated_db):
     # parents first, so foreign keys hold
     with migrated_db() as db, db.begin():
         if path.stem != "Project":
-            db.merge(to_row(RECORD_TYPES["Project"].model_validate_json(
-                (ROOT / "examples" / "Project.json").read_text())))
+            db.merge(
+                to_row(
+                    RECORD_TYPES["Project"].model_validate_json(
+                        (ROOT / "examples" / "Project.json").read_text()
+                    )
+                )
+            )
         if path.stem == "Interaction":
-            db.merge(to_row(RECORD_TYPES["Session"].model_validate_json(
-                (ROOT / "examples" / "Session.json").read_text())))
+            db.merge(
+                to_row(
+                    RECORD_TYPES["Session"].model_validate_json(
+                        (ROOT / "examples" / "Session.json").read_text()
+                    )
+                )
+            )
         db.flush()
         db.merge(to_row(record))
     row_type = type(to_row(record))
@@ -76,17 +86,32 @@ def test_token_arrays_are_packed_and_bit_exact(migrated_db):
     )
     record = Interaction.model_validate(base)
     with migrated_db() as db, db.begin():
-        db.merge(to_row(RECORD_TYPES["Project"].model_validate_json(
-            (ROOT / "examples" / "Project.json").read_text())))
-        db.merge(to_row(RECORD_TYPES["Session"].model_validate_json(
-            (ROOT / "examples" / "Session.json").read_text())))
+        db.merge(
+            to_row(
+                RECORD_TYPES["Project"].model_validate_json(
+                    (ROOT / "examples" / "Project.json").read_text()
+                )
+            )
+        )
+        db.merge(
+            to_row(
+                RECORD_TYPES["Session"].model_validate_json(
+                    (ROOT / "examples" / "Session.json").read_text()
+                )
+            )
+        )
         db.flush()
         db.add(to_row(record))
     with migrated_db() as db:
         back = to_record(db.get(type(to_row(record)), "chatcmpl-bits"))
-        raw = db.connection().exec_driver_sql(
-            "SELECT completion_logprobs, completion_token_ids FROM interactions WHERE id = 'chatcmpl-bits'"
-        ).one()
+        raw = (
+            db.connection()
+            .exec_driver_sql(
+                "SELECT completion_logprobs, completion_token_ids FROM interactions "
+                "WHERE id = 'chatcmpl-bits'"
+            )
+            .one()
+        )
     assert [struct.pack("<d", x) for x in back.completion_logprobs] == [
         struct.pack("<d", x) for x in tricky
     ]

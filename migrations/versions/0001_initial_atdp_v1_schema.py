@@ -226,6 +226,7 @@ def upgrade() -> None:
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("reward", sa.Float(), nullable=True),
         sa.Column("consumed_by_run_id", sa.String(length=128), nullable=True),
+        sa.Column("continuation_hash", sa.String(length=64), nullable=True),
         sa.ForeignKeyConstraint(
             ["project_id"],
             ["projects.id"],
@@ -242,6 +243,12 @@ def upgrade() -> None:
         sa.UniqueConstraint("session_id", "seq", name="uq_interactions_session_seq"),
     )
     op.create_index("ix_interactions_group", "interactions", ["group_id"], unique=False)
+    op.create_index(
+        "ix_interactions_continuation",
+        "interactions",
+        ["project_id", "continuation_hash"],
+        unique=False,
+    )
     op.create_index(
         "ix_interactions_project_created",
         "interactions",
@@ -267,6 +274,7 @@ def downgrade() -> None:
     )
     op.drop_index("ix_interactions_project_created", table_name="interactions")
     op.drop_index("ix_interactions_group", table_name="interactions")
+    op.drop_index("ix_interactions_continuation", table_name="interactions")
     op.drop_table("interactions")
     op.drop_index("ix_training_runs_project_status", table_name="training_runs")
     op.drop_index("ix_training_runs_project_created", table_name="training_runs")

@@ -1,0 +1,325 @@
+"""The gateway FastAPI application: wiring and the OpenAI-compatible routes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway import openai_chat
+from gateway.auth import Authenticator, Principal, presented_secret, require_kind
+from gateway.db import check_connection, make_engine, session_factory
+from gateway.engine_client import EngineClient
+from gateway.errors import APIError, bad_request, error_response
+from gateway.keys import create_key
+from gateway.metrics import Metrics
+from gateway.migrate import current
+from gateway.parsing import TOOL_PARSERS
+from gateway.recorder import Recorder
+from gateway.service import Pipeline, Prepared, ServingPolicy
+from gateway.sessions import SessionStore, new_session_id
+from gateway.settings import ConfigError, Settings, get_settings
+from gateway.templating import ChatRenderer, load_tokenizer
+from schemas.coltypes import utcnow
+from schemas.tables import SessionRow
+
+log = logging.getLogger("rlgate.gateway")
+
+
+@dataclass
+class Gateway:
+    settings: Settings
+    factory: Any
+    auth: Authenticator
+    pipeline: Pipeline
+    recorder: Recorder
+    engines: EngineClient
+    metrics: Metrics
+    tokenizer: Any
+
+
+def _context_length(model_dir: Path) -> int:
+    try:
+        cfg = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return 4096
+    return int(cfg.get("max_position_embeddings") or 4096)
+
+
+def _tokenizer_dir(settings: Settings) -> Path | str:
+    if settings.tokenizer_path:
+        return settings.tokenizer_path
+    from engine.model_files import resolve_model_dir
+
+    if settings.uses_packaged_model or Path(settings.model_path).is_dir():
+        return resolve_model_dir(settings.model_path, settings.data_dir)
+    return settings.model_path  # a hub id, for production deployments that can reach it
+
+
+def build_gateway(settings: Settings) -> Gateway:
+    if settings.tool_parser and settings.tool_parser not in TOOL_PARSERS:
+        raise ConfigError(f"RLGATE_TOOL_PARSER must be one of {', '.join(TOOL_PARSERS)}")
+    db_engine = make_engine(settings.effective_database_url)
+    check_connection(db_engine)
+    if current(settings.effective_database_url) is None:
+        raise ConfigError("the database is not migrated yet; run `rlgate migrate` first")
+    factory = session_factory(db_engine)
+    tok_dir = _tokenizer_dir(settings)
+    tokenizer = load_tokenizer(tok_dir)
+    ctx = _context_length(Path(tok_dir)) if isinstance(tok_dir, Path) else 32768
+    renderer = ChatRenderer(tokenizer, ctx)
+    metrics = Metrics()
+    engines = EngineClient(
+        settings.engine_url_list, settings.max_in_flight_per_engine, settings.engine_timeout_s
+    )
+    recorder = Recorder(factory, settings.data_dir / "spool")
+    sessions = SessionStore(factory, settings.session_idle_timeout_s)
+    pipeline = Pipeline(
+        renderer=renderer,
+        engines=engines,
+        sessions=sessions,
+        recorder=recorder,
+        serving=ServingPolicy(factory),
+        metrics=metrics,
+        tool_parser=settings.tool_parser or None,
+        reasoning_parser=settings.reasoning_parser,
+    )
+    admin = settings.admin_key.get_secret_value() if settings.admin_key else None
+    auth = Authenticator(factory, admin, settings.default_project)
+    return Gateway(settings, factory, auth, pipeline, recorder, engines, metrics, tokenizer)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        gw = build_gateway(settings)
+        gw.recorder.start()
+        app.state.gw = gw
+
+        async def housekeeping() -> None:
+            while True:
+                await asyncio.sleep(30)
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(gw.pipeline.sessions.expire_idle)
+
+        task = asyncio.create_task(housekeeping())
+        try:
+            yield
+        finally:
+            task.cancel()
+            await gw.engines.close()
+            await asyncio.to_thread(gw.recorder.stop)
+
+    app = FastAPI(title="rlgate", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+    install_metrics_middleware(app)
+
+    def gw_of(request: Request) -> Gateway:
+        return request.app.state.gw
+
+    def principal(request: Request) -> Principal:
+        return gw_of(request).auth.resolve(presented_secret(request))
+
+    async def read_json(request: Request) -> Any:
+        try:
+            return json.loads(await request.body())
+        except ValueError:
+            raise bad_request("the request body is not valid JSON") from None
+
+    def headers_for(prep: Prepared) -> dict[str, str]:
+        return {
+            "X-Rlgate-Session-Id": prep.session.session_id,
+            "X-Rlgate-Interaction-Id": prep.interaction_id,
+            "X-Rlgate-Policy-Version": prep.policy_version,
+        }
+
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions", include_in_schema=False)
+    async def chat_completions(request: Request) -> Response:
+        gw = gw_of(request)
+        p = await asyncio.to_thread(principal, request)
+        body = await read_json(request)
+        req = openai_chat.to_internal(body, request.headers.get("x-session-id"))
+        prep = await gw.pipeline.prepare(p, req, "chatcmpl-")
+        model = gw.settings.served_model_name
+        if req.stream:
+            return StreamingResponse(
+                openai_chat.stream_body(gw.pipeline, prep, gw.tokenizer, model),
+                media_type="text/event-stream",
+                headers={**headers_for(prep), "Cache-Control": "no-cache"},
+            )
+        completions = await gw.pipeline.run(prep)
+        await gw.pipeline.record(prep, completions)
+        body_out = openai_chat.response_body(prep, completions, gw.tokenizer, model)
+        return JSONResponse(body_out, headers=headers_for(prep))
+
+    @app.get("/v1/models")
+    @app.get("/models", include_in_schema=False)
+    async def models(request: Request) -> dict[str, Any]:
+        gw = gw_of(request)
+        await asyncio.to_thread(principal, request)
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": gw.settings.served_model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "rlgate",
+                }
+            ],
+        }
+
+    @app.get("/health")
+    async def health(request: Request) -> JSONResponse:
+        gw = gw_of(request)
+        engines = await gw.engines.health()
+        ok = any(engines.values())
+        return JSONResponse(
+            {
+                "status": "ok" if ok else "degraded",
+                "engines": engines,
+                "recording_pending": gw.recorder.pending,
+            },
+            status_code=200 if ok else 503,
+        )
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        gw = gw_of(request)
+        gw.metrics.recording_lag.set(gw.recorder.lag_seconds)
+        gw.metrics.recording_pending.set(gw.recorder.pending)
+        gw.metrics.recorded.set(gw.recorder.recorded_total)
+        return Response(
+            generate_latest(gw.metrics.registry), media_type="text/plain; version=0.0.4"
+        )
+
+    @app.post("/v1/sessions")
+    async def create_session(request: Request) -> JSONResponse:
+        gw = gw_of(request)
+        p = await asyncio.to_thread(principal, request)
+        require_kind(p, "agent", "admin")
+        raw = await request.body()
+        body = await read_json(request) if raw.strip() else {}
+        if not isinstance(body, dict):
+            raise bad_request("the request body must be a JSON object")
+        meta = body.get("metadata", {})
+        if not isinstance(meta, dict):
+            raise bad_request("metadata must be an object", "metadata")
+
+        def create() -> tuple[str, str]:
+            with gw.factory() as db, db.begin():
+                now = utcnow()
+                row = SessionRow(
+                    id=new_session_id(),
+                    project_id=p.project_id,
+                    task_id=body.get("task_id"),
+                    agent_name=body.get("agent_name"),
+                    external_id=body.get("external_id"),
+                    api_key_id=None,
+                    status="open",
+                    created_at=now,
+                    last_activity_at=now,
+                    meta=meta,
+                )
+                db.add(row)
+                db.flush()
+                key, secret = create_key(
+                    db,
+                    p.project_id,
+                    "agent",
+                    name=f"session {row.id}",
+                    session_id=row.id,
+                    actor=p.key_id,
+                )
+                row.api_key_id = key.id
+                return row.id, secret
+
+        sid, secret = await asyncio.to_thread(create)
+        return JSONResponse(
+            {
+                "id": sid,
+                "object": "session",
+                "api_key": secret,
+                "project_id": p.project_id,
+                "status": "open",
+            },
+            status_code=201,
+        )
+
+    @app.post("/v1/sessions/{session_id}/end")
+    async def end_session(session_id: str, request: Request) -> dict[str, Any]:
+        gw = gw_of(request)
+        p = await asyncio.to_thread(principal, request)
+        require_kind(p, "agent", "admin")
+
+        def end() -> dict[str, Any]:
+            with gw.factory() as db, db.begin():
+                row = db.get(SessionRow, session_id)
+                if (
+                    row is None
+                    or row.project_id != p.project_id
+                    or (p.session_id and p.session_id != session_id)
+                ):
+                    raise APIError(404, f"no session {session_id}")
+                if row.status == "open":
+                    row.status = "closed"
+                    row.closed_at = utcnow()
+                return {"id": row.id, "object": "session", "status": row.status}
+
+        return await asyncio.to_thread(end)
+
+    return app
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        err = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        return error_response(request, APIError(400, f"invalid request at {loc}: {err['msg']}"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = "not found" if exc.status_code == 404 else str(exc.detail)
+        if exc.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        return error_response(request, APIError(exc.status_code, message))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s", request.url.path)
+        return error_response(request, APIError(500, "internal error; see the gateway log"))
+
+
+def install_metrics_middleware(app: FastAPI) -> None:
+    @app.middleware("http")
+    async def count(request: Request, call_next: Any) -> Response:
+        started = time.monotonic()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        name = getattr(route, "path", "other")
+        gw = getattr(request.app.state, "gw", None)
+        if gw is not None:
+            gw.metrics.requests.labels(name, str(response.status_code)).inc()
+            gw.metrics.latency.labels(name).observe(time.monotonic() - started)
+        return response

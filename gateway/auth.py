@@ -1,0 +1,74 @@
+"""Who is calling: API key -> project, key kind, optional session binding."""
+
+from __future__ import annotations
+
+import hmac
+import time
+from dataclasses import dataclass
+
+from fastapi import Request
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.errors import APIError
+from gateway.keys import lookup_key
+
+BOOTSTRAP_ADMIN_ID = "bootstrap-admin"
+CACHE_TTL_S = 2.0  # a revoked key stops working within this long on every replica
+
+
+@dataclass(frozen=True)
+class Principal:
+    key_id: str
+    project_id: str
+    kind: str  # admin | agent | feedback
+    session_id: str | None = None
+
+
+def presented_secret(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip() or None
+    return request.headers.get("x-api-key") or None
+
+
+class Authenticator:
+    def __init__(
+        self,
+        factory: sessionmaker[Session],
+        admin_key: str | None,
+        default_project: str = "default",
+    ) -> None:
+        self.factory = factory
+        self.admin_key = admin_key
+        self.default_project = default_project
+        self._cache: dict[str, tuple[float, Principal]] = {}
+
+    def resolve(self, secret: str | None) -> Principal:
+        if not secret:
+            raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'")
+        if self.admin_key and hmac.compare_digest(secret.encode(), self.admin_key.encode()):
+            return Principal(BOOTSTRAP_ADMIN_ID, self.default_project, "admin")
+        now = time.monotonic()
+        hit = self._cache.get(secret)
+        if hit and now - hit[0] < CACHE_TTL_S:
+            return hit[1]
+        with self.factory() as db:
+            row = lookup_key(db, secret)
+            principal = Principal(row.id, row.project_id, row.kind, row.session_id) if row else None
+        if principal is None:
+            self._cache.pop(secret, None)
+            raise APIError(401, "invalid or revoked API key")
+        if len(self._cache) > 10_000:
+            self._cache.clear()
+        self._cache[secret] = (now, principal)
+        return principal
+
+    def forget(self) -> None:
+        self._cache.clear()
+
+
+def require_kind(principal: Principal, *kinds: str) -> None:
+    if principal.kind not in kinds:
+        raise APIError(
+            403, f"this endpoint needs a key of kind {' or '.join(kinds)}, not {principal.kind}"
+        )

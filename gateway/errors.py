@@ -1,0 +1,81 @@
+"""Client-facing errors, rendered in the calling API's own error format."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+# OpenAI error `type` for each status; Anthropic uses its own names.
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+    504: "timeout_error",
+}
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "api_error",
+}
+
+
+class APIError(Exception):
+    """An error answered to the client; `message` says what to change."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param=param)
+
+
+def error_style(request: Request) -> str:
+    path = request.url.path
+    if path.startswith("/v1/messages") or path.startswith("/messages"):
+        return "anthropic"
+    return "openai"
+
+
+def error_body(style: str, err: APIError) -> dict[str, Any]:
+    if style == "anthropic":
+        kind = _ANTHROPIC_TYPES.get(err.status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": err.message}}
+    kind = _OPENAI_TYPES.get(err.status, "invalid_request_error")
+    return {"error": {"message": err.message, "type": kind, "param": err.param, "code": err.code}}
+
+
+def error_response(request: Request, err: APIError) -> JSONResponse:
+    return JSONResponse(
+        error_body(error_style(request), err), status_code=err.status, headers=err.headers
+    )

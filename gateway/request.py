@@ -1,0 +1,79 @@
+"""The one internal request type every client API translates into."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ToolCallOut:
+    """A tool call, in a message the client sent back or in the model's output."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text as the model wrote it
+
+
+@dataclass
+class Message:
+    role: str  # system | user | assistant | tool
+    content: str = ""
+    tool_calls: list[ToolCallOut] = field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning: str | None = None
+
+
+@dataclass
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@dataclass
+class Sampling:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    n: int = 1
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+@dataclass
+class GenerationRequest:
+    protocol: str  # openai-chat | openai-responses | anthropic-messages
+    model: str
+    messages: list[Message]
+    tools: list[Tool] = field(default_factory=list)
+    tool_choice: str | dict[str, Any] = "auto"
+    sampling: Sampling = field(default_factory=Sampling)
+    stream: bool = False
+    include_usage: bool = False
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    user: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    session_hint: str | None = None  # a client's own session id (header or metadata)
+    raw: dict[str, Any] = field(default_factory=dict)  # the request as the client sent it
+
+
+@dataclass
+class Completion:
+    """One finished choice: token-exact engine output plus its parsed form."""
+
+    index: int
+    output_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]] | None
+    text: str  # decoded completion text (as the engine returned it)
+    content: str | None
+    reasoning: str | None
+    tool_calls: list[ToolCallOut]
+    finish_reason: str  # stop | length | tool_calls | abort
+    prompt_tokens: int
+    cached_tokens: int = 0

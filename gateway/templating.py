@@ -1,0 +1,151 @@
+"""Chat template rendering with the policy's own tokenizer.
+
+The gateway, never the engine, turns messages into token ids: the ids recorded as the
+prompt are exactly the ids the engine saw. A template that knows about tools gets them
+through ``tools=``; a template without tool support (SmolLM2's ChatML) gets them as a
+Hermes-format system prompt, and tool calls / tool results are written into the text in
+the same format the tool-call parser reads back.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gateway.errors import bad_request
+from gateway.request import Message, Tool
+
+HERMES_TOOLS_PROMPT = (
+    "You are a function calling AI model. You are provided with function signatures "
+    "within <tools></tools> XML tags. You may call one or more functions to assist with "
+    "the user query. Don't make assumptions about what values to plug into functions. "
+    "Here are the available tools: <tools>\n{tools}\n</tools>\n"
+    "For each function call return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags as follows:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+
+
+def load_tokenizer(model_dir: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def _args_obj(arguments: str) -> Any:
+    try:
+        return json.loads(arguments) if arguments else {}
+    except json.JSONDecodeError:
+        return arguments
+
+
+class ChatRenderer:
+    def __init__(self, tokenizer: Any, context_length: int) -> None:
+        self.tokenizer = tokenizer
+        self.context_length = context_length
+        template = tokenizer.chat_template or ""
+        if not template:
+            raise ValueError("the policy tokenizer has no chat template")
+        self.native_tools = "tools" in template
+        self.eos_token_id: int | None = tokenizer.eos_token_id
+
+    # ---- rendering ---------------------------------------------------------------
+
+    def _hermes_messages(self, messages: list[Message], tools: list[Tool]) -> list[dict]:
+        out: list[dict] = []
+        if tools:
+            specs = "\n".join(
+                json.dumps(
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": t.name,
+                            "description": t.description,
+                            "parameters": t.parameters,
+                        },
+                    }
+                )
+                for t in tools
+            )
+            system = HERMES_TOOLS_PROMPT.format(tools=specs)
+            if messages and messages[0].role == "system":
+                system = messages[0].content + "\n\n" + system
+                messages = messages[1:]
+            out.append({"role": "system", "content": system})
+        for m in messages:
+            if m.role == "assistant" and m.tool_calls:
+                calls = "\n".join(
+                    "<tool_call>\n"
+                    + json.dumps({"name": c.name, "arguments": _args_obj(c.arguments)})
+                    + "\n</tool_call>"
+                    for c in m.tool_calls
+                )
+                text = (m.content + "\n" if m.content else "") + calls
+                out.append({"role": "assistant", "content": text})
+            elif m.role == "tool":
+                out.append(
+                    {"role": "tool", "content": f"<tool_response>\n{m.content}\n</tool_response>"}
+                )
+            else:
+                out.append({"role": m.role, "content": m.content})
+        return out
+
+    def _native_messages(self, messages: list[Message]) -> list[dict]:
+        out: list[dict] = []
+        for m in messages:
+            d: dict[str, Any] = {"role": m.role, "content": m.content}
+            if m.tool_calls:
+                d["tool_calls"] = [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": _args_obj(c.arguments)},
+                    }
+                    for c in m.tool_calls
+                ]
+            if m.tool_call_id:
+                d["tool_call_id"] = m.tool_call_id
+            if m.name:
+                d["name"] = m.name
+            out.append(d)
+        return out
+
+    def render(
+        self,
+        messages: list[Message],
+        tools: list[Tool],
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> tuple[str, list[int]]:
+        """The prompt text and its token ids, ready for generation."""
+        kwargs = dict(template_kwargs or {})
+        if self.native_tools:
+            msgs = self._native_messages(messages)
+            if tools:
+                kwargs["tools"] = [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": t.name,
+                            "description": t.description,
+                            "parameters": t.parameters,
+                        },
+                    }
+                    for t in tools
+                ]
+        else:
+            msgs = self._hermes_messages(messages, tools)
+        try:
+            text = self.tokenizer.apply_chat_template(
+                msgs, tokenize=False, add_generation_prompt=True, **kwargs
+            )
+        except Exception as e:  # jinja errors from odd message shapes
+            raise bad_request(f"the chat template cannot render these messages: {e}") from None
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return text, ids
+
+    def count(self, messages: list[Message], tools: list[Tool]) -> int:
+        return len(self.render(messages, tools)[1])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)

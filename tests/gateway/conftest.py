@@ -1,0 +1,94 @@
+"""Gateway test fixtures: one embedded engine (real packaged model) per test session and
+one gateway process per database backend (SQLite file and a fresh PostgreSQL database)."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import psycopg
+import pytest
+from psycopg import sql
+
+from engine.model_files import PACKAGED_MODEL, resolve_model_dir
+from gateway.db import make_engine, session_factory, transaction
+from gateway.keys import create_key
+from gateway.migrate import upgrade
+from tests.conftest import PG_BASE
+from tests.servers import MODEL_CACHE, Proc, engine_cmd, free_port, gateway, running
+
+ENGINE_CONTEXT = 2048
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    return resolve_model_dir(PACKAGED_MODEL, MODEL_CACHE)
+
+
+@pytest.fixture(scope="session")
+def engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proc]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("engine") / "engine.log"
+    cmd = engine_cmd(
+        port,
+        "--context-length",
+        str(ENGINE_CONTEXT),
+        "--max-running-requests",
+        "8",
+        "--max-lora-rank",
+        "16",
+    )
+    with running(cmd, {}, log, port) as p:
+        yield p
+
+
+@pytest.fixture(scope="session")
+def session_pg_url() -> Iterator[str]:
+    name = f"rlgate_gw_{secrets.token_hex(5)}"
+    with psycopg.connect(f"{PG_BASE}/postgres", autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield f"{PG_BASE}/{name}"
+    with psycopg.connect(f"{PG_BASE}/postgres", autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+@dataclass
+class Stack:
+    gw: Proc
+    engine: Proc
+    db_url: str
+    factory: object
+    data_dir: Path
+
+    def key(self, kind: str = "agent", project: str = "p1") -> str:
+        with transaction(self.factory) as db:
+            _, secret = create_key(db, project, kind)
+        return secret
+
+    def client(self, key: str | None = None, **kw: object) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=self.gw.url + "/v1",
+            api_key=key or self.key(),
+            max_retries=0,
+            timeout=120,
+            **kw,
+        )
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgresql"])
+def stack(request, engine: Proc, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    data_dir = tmp_path_factory.mktemp(f"gw-{request.param}")
+    if request.param == "sqlite":
+        db_url = f"sqlite:///{data_dir / 'rlgate.db'}"
+    else:
+        db_url = request.getfixturevalue("session_pg_url")
+    upgrade(db_url)
+    db_engine = make_engine(db_url)
+    with gateway(data_dir, db_url, engine.url) as gw:
+        yield Stack(gw, engine, db_url, session_factory(db_engine), data_dir)
+    db_engine.dispose()

@@ -1,0 +1,116 @@
+"""Start real rlgate processes for tests: the embedded engine and the gateway.
+
+Both run as subprocesses on free ports, exactly as `rlgate engine` / `rlgate gateway`
+run in production; the converted packaged model is cached in RLGATE_ENGINE_TEST_CACHE
+(default /tmp/rlgate-engine-cache) so the GGUF conversion happens once per machine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL_CACHE = Path(os.environ.get("RLGATE_ENGINE_TEST_CACHE", "/tmp/rlgate-engine-cache"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Proc:
+    url: str
+    proc: subprocess.Popen
+    log: Path
+    env: dict[str, str]
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited early:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not become healthy:\n{log.read_text()[-4000:]}")
+        time.sleep(0.2)
+
+
+@contextmanager
+def running(
+    cmd: list[str], env: dict[str, str], log: Path, port: int, timeout: float = 180
+) -> Iterator[Proc]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    url = f"http://127.0.0.1:{port}"
+    fh = open(log, "ab")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    p = Proc(url, proc, log, env)
+    try:
+        _wait_healthy(url, proc, log, timeout)
+        yield p
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        fh.close()
+
+
+def engine_cmd(port: int, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "engine",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(MODEL_CACHE),
+        "--log-level",
+        "warning",
+        *extra,
+    ]
+
+
+def gateway_cmd(port: int) -> list[str]:
+    return [sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port)]
+
+
+@contextmanager
+def gateway(data_dir: Path, db_url: str, engine_url: str, **settings: str) -> Iterator[Proc]:
+    """A gateway process on a migrated database, using the shared model cache."""
+    port = free_port()
+    env = {
+        "RLGATE_DATA_DIR": str(data_dir),
+        "RLGATE_DATABASE_URL": db_url,
+        "RLGATE_ENGINE_URLS": engine_url,
+        "RLGATE_TOKENIZER_PATH": str(MODEL_CACHE / "models" / "smollm2-135m-instruct"),
+        "RLGATE_LOG_LEVEL": "warning",
+        **{f"RLGATE_{k.upper()}": v for k, v in settings.items()},
+    }
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with running(gateway_cmd(port), env, data_dir / f"gateway-{port}.log", port, 120) as p:
+        yield p
