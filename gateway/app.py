@@ -127,7 +127,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="rlgate", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     install_error_handlers(app)
-    install_metrics_middleware(app)
+    app.add_middleware(MetricsMiddleware)
 
     def gw_of(request: Request) -> Gateway:
         return request.app.state.gw
@@ -158,8 +158,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         prep = await gw.pipeline.prepare(p, req, "chatcmpl-")
         model = gw.settings.served_model_name
         if req.stream:
+            events, first = await openai_chat.open_stream(gw.pipeline, prep)
             return StreamingResponse(
-                openai_chat.stream_body(gw.pipeline, prep, gw.tokenizer, model),
+                openai_chat.stream_body(gw.pipeline, prep, events, first, gw.tokenizer, model),
                 media_type="text/event-stream",
                 headers={**headers_for(prep), "Cache-Control": "no-cache"},
             )
@@ -311,15 +312,30 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(request, APIError(500, "internal error; see the gateway log"))
 
 
-def install_metrics_middleware(app: FastAPI) -> None:
-    @app.middleware("http")
-    async def count(request: Request, call_next: Any) -> Response:
+class MetricsMiddleware:
+    """Counts requests and latency per route. Pure ASGI (no BaseHTTPMiddleware), so
+    streaming responses keep noticing client disconnects."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         started = time.monotonic()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        name = getattr(route, "path", "other")
-        gw = getattr(request.app.state, "gw", None)
-        if gw is not None:
-            gw.metrics.requests.labels(name, str(response.status_code)).inc()
-            gw.metrics.latency.labels(name).observe(time.monotonic() - started)
-        return response
+        status = {"code": 500}
+
+        async def send_wrapper(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = getattr(scope.get("route"), "path", "other")
+            gw = getattr(scope["app"].state, "gw", None) if "app" in scope else None
+            if gw is not None:
+                gw.metrics.requests.labels(route, str(status["code"])).inc()
+                gw.metrics.latency.labels(route).observe(time.monotonic() - started)

@@ -250,6 +250,11 @@ class Pipeline:
             int(meta.get("cached_tokens", 0) or 0),
         )
 
+    async def discard(self, prep: Prepared) -> None:
+        """Undo a session opened for a call that failed before anything was recorded."""
+        if prep.session.created:
+            await asyncio.to_thread(self.sessions.discard_if_empty, prep.session.session_id)
+
     # ---- generation ------------------------------------------------------------------
 
     async def run(self, prep: Prepared) -> list[Completion]:
@@ -264,6 +269,9 @@ class Pipeline:
                     for i in range(prep.req.sampling.n)
                 ]
             )
+        except BaseException:
+            await self.discard(prep)
+            raise
         finally:
             if prep.adapter:
                 await self.leases.release(prep.adapter)
@@ -351,40 +359,55 @@ class Pipeline:
                     remaining -= 1
                     continue
                 if isinstance(item, BaseException):
+                    if not any(partial[i]["ids"] for i in partial):
+                        partial.clear()  # nothing was generated: record nothing
+                        await self.discard(prep)
                     raise item
                 if item.finished:
                     finished[item.index] = item.finished
                 yield item
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            if prep.adapter:
-                await self.leases.release(prep.adapter)
-            self.metrics.in_flight.dec()
-            if len(finished) < n and partial:  # the client went away: record what it got
-                aborted = []
-                for i in range(n):
-                    if i in finished:
-                        aborted.append(finished[i])
-                        continue
-                    st = partial.get(i, {"ids": [], "lps": [], "text": "", "top": []})
-                    aborted.append(
-                        Completion(
-                            i,
-                            st["ids"],
-                            st["lps"],
-                            st["top"] or None,
-                            st["text"],
-                            st["text"],
-                            None,
-                            [],
-                            "abort",
-                            len(prep.prompt_ids),
-                        )
+            # The consumer may be cancelled (client gone) and, under anyio, stays cancelled:
+            # run the cleanup as its own task so aborting and recording always complete.
+            cleanup = asyncio.ensure_future(self._end_stream(prep, tasks, finished, partial))
+            await asyncio.shield(cleanup)
+
+    async def _end_stream(
+        self,
+        prep: Prepared,
+        tasks: list[asyncio.Task],
+        finished: dict[int, Completion],
+        partial: dict[int, dict],
+    ) -> None:
+        n = prep.req.sampling.n
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if prep.adapter:
+            await self.leases.release(prep.adapter)
+        self.metrics.in_flight.dec()
+        if len(finished) < n and partial:  # the client went away: record what it got
+            aborted = []
+            for i in range(n):
+                if i in finished:
+                    aborted.append(finished[i])
+                    continue
+                st = partial.get(i, {"ids": [], "lps": [], "text": "", "top": []})
+                aborted.append(
+                    Completion(
+                        i,
+                        st["ids"],
+                        st["lps"],
+                        st["top"] or None,
+                        st["text"],
+                        st["text"],
+                        None,
+                        [],
+                        "abort",
+                        len(prep.prompt_ids),
                     )
-                # shielded: the consumer may be cancelled (client disconnect) right now
-                await asyncio.shield(asyncio.ensure_future(self.record(prep, aborted)))
+                )
+            await self.record(prep, aborted)
 
     # ---- after generation ------------------------------------------------------------
 

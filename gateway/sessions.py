@@ -182,6 +182,15 @@ class SessionStore:
             row = self._create(db, p, protocol, None, agent)
             return SessionContext(row.id, None, True)
 
+    def discard_if_empty(self, session_id: str) -> None:
+        with self.factory() as db, db.begin():
+            has_any = db.scalars(
+                select(InteractionRow.id).where(InteractionRow.session_id == session_id).limit(1)
+            ).first()
+            row = db.get(SessionRow, session_id)
+            if row is not None and has_any is None:
+                db.delete(row)
+
     def expire_idle(self) -> int:
         """Mark open sessions idle past the timeout as expired."""
         cutoff = utcnow() - self.idle

@@ -43,13 +43,14 @@ class Proc:
             self.proc.wait(timeout=30)
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
+def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float,
+                  ok: tuple[int, ...] = (200,)) -> None:
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"{url} exited early:\n{log.read_text()[-4000:]}")
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
+            if httpx.get(url + "/health", timeout=2).status_code in ok:
                 return
         except httpx.HTTPError:
             pass
@@ -60,7 +61,12 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float) -
 
 @contextmanager
 def running(
-    cmd: list[str], env: dict[str, str], log: Path, port: int, timeout: float = 180
+    cmd: list[str],
+    env: dict[str, str],
+    log: Path,
+    port: int,
+    timeout: float = 180,
+    ok: tuple[int, ...] = (200,),
 ) -> Iterator[Proc]:
     env = {**os.environ, "PYTHONPATH": str(REPO), **env}
     url = f"http://127.0.0.1:{port}"
@@ -68,7 +74,7 @@ def running(
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
     p = Proc(url, proc, log, env)
     try:
-        _wait_healthy(url, proc, log, timeout)
+        _wait_healthy(url, proc, log, timeout, ok)
         yield p
     finally:
         if proc.poll() is None:
@@ -112,5 +118,7 @@ def gateway(data_dir: Path, db_url: str, engine_url: str, **settings: str) -> It
         **{f"RLGATE_{k.upper()}": v for k, v in settings.items()},
     }
     data_dir.mkdir(parents=True, exist_ok=True)
-    with running(gateway_cmd(port), env, data_dir / f"gateway-{port}.log", port, 120) as p:
+    # 503 = the gateway is up but no engine answers (tests of that case need it)
+    log = data_dir / f"gateway-{port}.log"
+    with running(gateway_cmd(port), env, log, port, 120, ok=(200, 503)) as p:
         yield p

@@ -1,0 +1,86 @@
+"""``rlgate engine``: serve the embedded engine (registered by gateway/cli.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from engine.lora import DEFAULT_TARGET_MODULES
+
+
+def _split_modules(value: str) -> tuple[str, ...]:
+    modules = tuple(m for m in value.replace(",", " ").split() if m)
+    if modules in (("all",), ("all-linear",)):
+        return DEFAULT_TARGET_MODULES
+    unknown = set(modules) - set(DEFAULT_TARGET_MODULES)
+    if unknown or not modules:
+        raise click.BadParameter(
+            f"choose from {', '.join(DEFAULT_TARGET_MODULES)} or 'all'",
+            param_hint="--lora-target-modules",
+        )
+    return modules
+
+
+def _parse_lora_paths(values: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep:
+            name, path = Path(value).name, value
+        out[name] = path
+    return out
+
+
+@click.command("engine")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Bind address.")
+@click.option("--port", type=int, default=None, help="Port (default: settings engine_port).")
+@click.option("--model", "model_path", default=None,
+              help="HF model directory, or packaged:smollm2-135m-instruct (default: settings).")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
+              help="Where the converted packaged model is cached (default: settings).")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32",
+              show_default=True)
+@click.option("--max-lora-rank", type=int, default=64, show_default=True)
+@click.option("--lora-target-modules", default=",".join(DEFAULT_TARGET_MODULES),
+              show_default=True, help="Comma-separated projections adapters may target, or 'all'.")
+@click.option("--max-loaded-loras", type=int, default=8, show_default=True)
+@click.option("--max-running-requests", type=int, default=16, show_default=True,
+              help="KV slots: sequences decoded together in one batch.")
+@click.option("--context-length", type=int, default=None,
+              help="Per-sequence token limit (default: min(model's, 4096)).")
+@click.option("--served-model-name", default=None, help="Name in /v1/models (default: --model).")
+@click.option("--lora-paths", multiple=True, help="NAME=PATH adapters to load at start.")
+@click.option("--num-threads", type=int, default=None, help="Torch threads (default: all cores).")
+@click.option("--log-level", default=None, help="Default: settings log_level.")
+def engine_command(
+    host: str, port: int | None, model_path: str | None, data_dir: Path | None, dtype: str,
+    max_lora_rank: int, lora_target_modules: str, max_loaded_loras: int,
+    max_running_requests: int, context_length: int | None, served_model_name: str | None,
+    lora_paths: tuple[str, ...], num_threads: int | None, log_level: str | None,
+) -> None:
+    """Serve the embedded CPU engine (SGLang native protocol subset)."""
+    from engine.server import EngineConfig, serve
+    from gateway.settings import get_settings
+
+    settings = get_settings()
+    for name, value in (("--max-lora-rank", max_lora_rank), ("--max-loaded-loras",
+                        max_loaded_loras), ("--max-running-requests", max_running_requests)):
+        if value < 1:
+            raise click.BadParameter("must be >= 1", param_hint=name)
+    serve(EngineConfig(
+        model_path=model_path or settings.model_path,
+        data_dir=data_dir or settings.data_dir,
+        host=host,
+        port=port or settings.engine_port,
+        dtype=dtype,
+        max_lora_rank=max_lora_rank,
+        lora_target_modules=_split_modules(lora_target_modules),
+        max_loaded_loras=max_loaded_loras,
+        max_running_requests=max_running_requests,
+        context_length=context_length,
+        served_model_name=served_model_name,
+        log_level=log_level or settings.log_level,
+        num_threads=num_threads,
+        lora_paths=_parse_lora_paths(lora_paths),
+    ))

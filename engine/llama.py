@@ -1,0 +1,278 @@
+"""A compact Llama-family forward pass for serving, with a per-slot KV cache.
+
+Matches ``transformers``' ``LlamaForCausalLM`` (RMSNorm, rotate-half RoPE with the
+config's ``rope_theta``, grouped-query attention, SiLU-gated MLP, optionally tied
+embeddings) and adds two things HF does not have in this form:
+
+* a preallocated KV cache with one slot per running sequence; decode steps write one
+  position per sequence and attend over each slot's own length (length-masked), so the
+  prefix is never recomputed;
+* batched multi-LoRA: rows of one batch may use different adapters (see ``engine.lora``).
+
+Running sequences occupy slots ``0..B-1`` (the scheduler keeps them compact), so a
+decode step reads the cache through plain slices, never a gather.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+
+from engine.lora import LoraBatch
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class UnsupportedModelError(Exception):
+    """The model directory holds something this engine cannot run."""
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_dir(cls, model_dir: Path) -> LlamaConfig:
+        raw = json.loads((model_dir / "config.json").read_text())
+        architectures = raw.get("architectures") or []
+        if raw.get("model_type") != "llama" and "LlamaForCausalLM" not in architectures:
+            raise UnsupportedModelError(f"model_type {raw.get('model_type')!r} is not Llama-family")
+        if raw.get("attention_bias") or raw.get("mlp_bias"):
+            raise UnsupportedModelError("attention/MLP biases are not supported")
+        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", None):
+            raise UnsupportedModelError(f"rope type {rope_type!r} is not supported")
+        theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
+        heads = int(raw["num_attention_heads"])
+        return cls(
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=int(raw["hidden_size"]),
+            intermediate_size=int(raw["intermediate_size"]),
+            num_layers=int(raw["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        )
+
+    def module_shape(self, name: str) -> tuple[int, int]:
+        """(out_features, in_features) of a projection."""
+        q = self.num_heads * self.head_dim
+        kv = self.num_kv_heads * self.head_dim
+        return {
+            "q_proj": (q, self.hidden_size),
+            "k_proj": (kv, self.hidden_size),
+            "v_proj": (kv, self.hidden_size),
+            "o_proj": (self.hidden_size, q),
+            "gate_proj": (self.intermediate_size, self.hidden_size),
+            "up_proj": (self.intermediate_size, self.hidden_size),
+            "down_proj": (self.hidden_size, self.intermediate_size),
+        }[name]
+
+
+class KVCache:
+    """Keys and values of every slot: per layer a ``(slots, kv_heads, max_len, head_dim)``."""
+
+    def __init__(self, cfg: LlamaConfig, slots: int, max_len: int, dtype: torch.dtype) -> None:
+        shape = (slots, cfg.num_kv_heads, max_len, cfg.head_dim)
+        # Zeros, not empty: masked-out positions still enter the weighted sum with weight 0.
+        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.num_layers)]
+        self.slots = slots
+        self.max_len = max_len
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` positions of slot ``src`` into slot ``dst``."""
+        for layer_k, layer_v in zip(self.k, self.v, strict=True):
+            layer_k[dst, :, :length] = layer_k[src, :, :length]
+            layer_v[dst, :, :length] = layer_v[src, :, :length]
+
+
+class RMSNorm:
+    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+        self.weight = weight
+        self.eps = eps
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaModel:
+    """Weights plus the prefill/decode forward passes. Not thread-safe: one owner thread."""
+
+    def __init__(self, model_dir: Path, dtype: torch.dtype = torch.float32) -> None:
+        self.cfg = LlamaConfig.from_dir(model_dir)
+        self.dtype = dtype
+        weights = _load_safetensors(model_dir)
+        cfg = self.cfg
+
+        def take(name: str) -> torch.Tensor:
+            if name not in weights:
+                raise UnsupportedModelError(f"weight {name} missing in {model_dir}")
+            return weights[name].to(dtype).contiguous()
+
+        self.embed = take("model.embed_tokens.weight")
+        if cfg.tie_word_embeddings or "lm_head.weight" not in weights:
+            self.lm_head = self.embed
+        else:
+            self.lm_head = take("lm_head.weight")
+        self.norm = RMSNorm(take("model.norm.weight"), cfg.rms_norm_eps)
+        self.layers: list[dict[str, torch.Tensor]] = []
+        self.input_norms: list[RMSNorm] = []
+        self.post_norms: list[RMSNorm] = []
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            layer = {}
+            for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                layer[proj] = take(p + f"self_attn.{proj}.weight")
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                layer[proj] = take(p + f"mlp.{proj}.weight")
+            self.layers.append(layer)
+            self.input_norms.append(RMSNorm(take(p + "input_layernorm.weight"), cfg.rms_norm_eps))
+            self.post_norms.append(
+                RMSNorm(take(p + "post_attention_layernorm.weight"), cfg.rms_norm_eps)
+            )
+        self.inv_freq = 1.0 / (
+            cfg.rope_theta
+            ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim)
+        )
+
+    # ---- building blocks ----------------------------------------------------------------
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of shape ``(N, head_dim)`` for flat positions ``(N,)``."""
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    def _linear(
+        self, x: torch.Tensor, layer: int, name: str, lora: LoraBatch | None
+    ) -> torch.Tensor:
+        y = F.linear(x, self.layers[layer][name])
+        if lora is not None:
+            y = lora.apply(x, y, layer, name)
+        return y
+
+    def _mlp(self, x: torch.Tensor, layer: int, lora: LoraBatch | None) -> torch.Tensor:
+        gate = self._linear(x, layer, "gate_proj", lora)
+        up = self._linear(x, layer, "up_proj", lora)
+        return self._linear(F.silu(gate) * up, layer, "down_proj", lora)
+
+    def _qkv(
+        self, x: torch.Tensor, layer: int, cos: torch.Tensor, sin: torch.Tensor,
+        lora: LoraBatch | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rotated q ``(N, H, D)``, k ``(N, KVH, D)``, and v ``(N, KVH, D)``."""
+        cfg = self.cfg
+        n = x.shape[0]
+        q = self._linear(x, layer, "q_proj", lora).view(n, cfg.num_heads, cfg.head_dim)
+        k = self._linear(x, layer, "k_proj", lora).view(n, cfg.num_kv_heads, cfg.head_dim)
+        v = self._linear(x, layer, "v_proj", lora).view(n, cfg.num_kv_heads, cfg.head_dim)
+        c, s = cos[:, None, :], sin[:, None, :]
+        q = q * c + _rotate_half(q) * s
+        k = k * c + _rotate_half(k) * s
+        return q, k, v
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.norm(hidden), self.lm_head).float()
+
+    # ---- forward passes -----------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(
+        self, input_ids: list[int], slot: int, cache: KVCache, lora: LoraBatch | None
+    ) -> torch.Tensor:
+        """Run the whole prompt, fill ``slot``'s cache, return last-position logits ``(V,)``."""
+        cfg = self.cfg
+        n = len(input_ids)
+        group = cfg.num_heads // cfg.num_kv_heads
+        ids = torch.tensor(input_ids, dtype=torch.long)
+        cos, sin = self._rope(torch.arange(n))
+        h = F.embedding(ids, self.embed)
+        for i in range(cfg.num_layers):
+            x = self.input_norms[i](h)
+            q, k, v = self._qkv(x, i, cos, sin, lora)
+            cache.k[i][slot, :, :n] = k.transpose(0, 1)
+            cache.v[i][slot, :, :n] = v.transpose(0, 1)
+            kk = k.transpose(0, 1).repeat_interleave(group, dim=0)
+            vv = v.transpose(0, 1).repeat_interleave(group, dim=0)
+            attn = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None], kk[None], vv[None], is_causal=True
+            )  # (1, H, n, D)
+            attn = attn[0].transpose(0, 1).reshape(n, cfg.num_heads * cfg.head_dim)
+            h = h + self._linear(attn, i, "o_proj", lora)
+            h = h + self._mlp(self.post_norms[i](h), i, lora)
+        return self._logits(h[-1:])[0]
+
+    @torch.inference_mode()
+    def decode(
+        self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+        lora: LoraBatch | None,
+    ) -> torch.Tensor:
+        """One step for the sequences in slots ``0..B-1``.
+
+        ``tokens[b]`` is the newest token of slot ``b`` and ``positions[b]`` its position
+        (= the number of tokens already cached). Returns logits ``(B, V)``.
+        """
+        cfg = self.cfg
+        b = tokens.shape[0]
+        group = cfg.num_heads // cfg.num_kv_heads
+        total = int(positions.max().item()) + 1
+        rows = torch.arange(b)
+        # mask[b, t]: slot b attends to its own positions 0..positions[b]
+        mask = (torch.arange(total)[None, :] <= positions[:, None])[:, None, None, :]
+        cos, sin = self._rope(positions)
+        h = F.embedding(tokens, self.embed)
+        for i in range(cfg.num_layers):
+            x = self.input_norms[i](h)
+            q, k, v = self._qkv(x, i, cos, sin, lora)
+            cache.k[i][rows, :, positions] = k
+            cache.v[i][rows, :, positions] = v
+            keys = cache.k[i][:b, :, :total]  # (B, KVH, T, D), a view
+            values = cache.v[i][:b, :, :total]
+            # GQA without copying K/V: each kv head's query group acts as a query length.
+            qg = q.view(b, cfg.num_kv_heads, group, cfg.head_dim)
+            attn = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)
+            attn = attn.reshape(b, cfg.num_heads * cfg.head_dim)
+            h = h + self._linear(attn, i, "o_proj", lora)
+            h = h + self._mlp(self.post_norms[i](h), i, lora)
+        return self._logits(h)
+
+
+def _load_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise UnsupportedModelError(f"no *.safetensors weights in {model_dir}")
+    weights: dict[str, torch.Tensor] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                weights[key] = f.get_tensor(key)
+    return weights

@@ -1,0 +1,284 @@
+"""The scheduler: one thread that owns the model and runs continuous batching.
+
+Loop: take new requests and aborts from the inbox; admit waiting requests into free
+KV slots (prefill each, sample its first token); run one batched decode step for every
+running sequence; retire finished ones. Requests therefore join and leave between
+decode steps, each with its own sampling params and adapter.
+
+Running sequence ``i`` always sits in KV slot ``i``: when one finishes, the last one is
+moved into its slot, so decode attention reads contiguous slices of the cache.
+
+Results go back through each request's ``sink`` callback (called on the scheduler
+thread; the HTTP layer forwards it into its event loop). Any error inside a step aborts
+the affected requests with a message; the loop itself keeps running.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.llama import KVCache, LlamaModel
+from engine.lora import AdapterRegistry, LoraAdapter, LoraBatch
+from engine.sampling import SampledToken, SamplingParams, sample_batch
+
+log = logging.getLogger("rlgate.engine")
+
+Sink = Callable[[dict[str, Any], bool], None]
+
+
+@dataclass(eq=False)
+class Request:
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    sink: Sink
+    adapter: LoraAdapter | None = None
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    created: float = field(default_factory=time.monotonic)
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    finish_reason: dict[str, Any] | None = None
+    slot: int = -1
+    generator: torch.Generator = field(default_factory=torch.Generator)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        model: LlamaModel,
+        tokenizer: Any,
+        eos_token_ids: set[int],
+        registry: AdapterRegistry,
+        *,
+        max_running: int,
+        context_length: int,
+        weight_version: str = "default",
+        num_threads: int | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.registry = registry
+        self.max_running = max_running
+        self.context_length = context_length
+        self.weight_version = weight_version
+        self.num_threads = num_threads or os.cpu_count() or 1
+        self.cache = KVCache(model.cfg, max_running, context_length, model.dtype)
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._thread = threading.Thread(target=self._loop, name="rlgate-scheduler", daemon=True)
+        self._stopped = threading.Event()
+        self.steps = 0
+
+    # ---- API for other threads ----------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._inbox.put(("stop", None))
+        self._thread.join(timeout=10)
+
+    def submit(self, req: Request) -> None:
+        if req.params.seed is not None:
+            req.generator.manual_seed(req.params.seed)
+        else:
+            req.generator.seed()
+        self._inbox.put(("submit", req))
+
+    def abort(self, rid: str) -> None:
+        self._inbox.put(("abort", rid))
+
+    def abort_all(self) -> None:
+        self._inbox.put(("abort_all", None))
+
+    @property
+    def load(self) -> dict[str, int]:
+        return {"running": len(self._running), "waiting": len(self._waiting)}
+
+    # ---- the loop -----------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        torch.set_num_threads(self.num_threads)
+        while not self._stopped.is_set():
+            try:
+                self._drain_inbox(block=not (self._running or self._waiting))
+                self._admit()
+                if self._running:
+                    self._decode_step()
+            except Exception:  # pragma: no cover - last line of defence
+                log.error("scheduler step failed:\n%s", traceback.format_exc())
+                for req in list(self._running):
+                    self._finish(req, _abort("internal engine error"))
+        for req in list(self._running) + list(self._waiting):
+            self._finish(req, _abort("engine shutting down"))
+
+    def _drain_inbox(self, block: bool) -> None:
+        while True:
+            try:
+                kind, value = self._inbox.get(block=block, timeout=None)
+            except queue.Empty:
+                return
+            block = False
+            if kind == "submit":
+                self._waiting.append(value)
+            elif kind == "abort":
+                for req in [r for r in self._waiting if r.rid == value]:
+                    self._finish(req, _abort("aborted by request"))
+                for req in [r for r in self._running if r.rid == value]:
+                    self._finish(req, _abort("aborted by request"))
+            elif kind == "abort_all":
+                for req in list(self._waiting) + list(self._running):
+                    self._finish(req, _abort("aborted by request"))
+            elif kind == "stop":
+                self._stopped.set()
+                return
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._running) < self.max_running:
+            req = self._waiting.popleft()
+            if req.params.max_new_tokens == 0:
+                self._finish(req, {"type": "length", "length": 0, "matched": None})
+                continue
+            req.slot = len(self._running)
+            self._running.append(req)
+            try:
+                lora = LoraBatch.for_rows([req.adapter])
+                logits = self.model.prefill(req.input_ids, req.slot, self.cache, lora)
+                self._accept(req, sample_batch(
+                    logits[None], [req.params], [req.generator], [req.top_logprobs_num]
+                )[0])
+            except Exception:
+                log.error("prefill of %s failed:\n%s", req.rid, traceback.format_exc())
+                self._finish(req, _abort("internal engine error during prefill"))
+
+    def _decode_step(self) -> None:
+        running = self._running
+        tokens = torch.tensor([r.output_ids[-1] for r in running], dtype=torch.long)
+        positions = torch.tensor(
+            [len(r.input_ids) + len(r.output_ids) - 1 for r in running], dtype=torch.long
+        )
+        lora = LoraBatch.for_rows([r.adapter for r in running])
+        logits = self.model.decode(tokens, positions, self.cache, lora)
+        sampled = sample_batch(
+            logits,
+            [r.params for r in running],
+            [r.generator for r in running],
+            [r.top_logprobs_num for r in running],
+        )
+        self.steps += 1
+        for req, tok in zip(list(running), sampled, strict=True):
+            self._accept(req, tok)
+
+    # ---- per-request bookkeeping --------------------------------------------------------
+
+    def _accept(self, req: Request, tok: SampledToken) -> None:
+        req.output_ids.append(tok.token_id)
+        req.logprobs.append(tok.logprob)
+        if tok.top is not None:
+            req.top_logprobs.append(tok.top)
+        reason = self._check_finished(req)
+        if reason is not None:
+            self._finish(req, reason)
+        elif req.stream:
+            self._emit(req, final=False)
+
+    def _check_finished(self, req: Request) -> dict[str, Any] | None:
+        p = req.params
+        if len(req.output_ids) >= p.max_new_tokens:
+            return {"type": "length", "length": p.max_new_tokens, "matched": None}
+        last = req.output_ids[-1]
+        if not p.ignore_eos and (last in p.stop_token_ids or last in self.eos_token_ids):
+            return {"type": "stop", "matched": last}
+        if p.stop:
+            window = max(len(s) for s in p.stop) + 2
+            tail = self.tokenizer.decode(
+                req.output_ids[-window:], skip_special_tokens=p.skip_special_tokens
+            )
+            for s in p.stop:
+                if s in tail:
+                    return {"type": "stop", "matched": s}
+        return None
+
+    def _finish(self, req: Request, reason: dict[str, Any]) -> None:
+        req.finish_reason = reason
+        if req in self._waiting:
+            self._waiting.remove(req)
+        if req.slot >= 0 and req in self._running:
+            i = req.slot
+            last = self._running.pop()
+            if last is not req:
+                self.cache.move(last.slot, i, len(last.input_ids) + len(last.output_ids))
+                last.slot = i
+                self._running[i] = last
+        req.slot = -1
+        if req.adapter is not None:
+            self.registry.release(req.adapter)
+            req.adapter = None
+        self._emit(req, final=True)
+
+    def _emit(self, req: Request, final: bool) -> None:
+        try:
+            req.sink(self.response(req, final), final)
+        except Exception:
+            log.warning("could not deliver output of %s:\n%s", req.rid, traceback.format_exc())
+
+    def response(self, req: Request, final: bool) -> dict[str, Any]:
+        """The SGLang-shaped ``/generate`` response for the current state of ``req``."""
+        p = req.params
+        reason = req.finish_reason
+        ids_for_text = req.output_ids
+        if final and reason and isinstance(reason.get("matched"), int) and not p.no_stop_trim:
+            ids_for_text = req.output_ids[:-1]
+        text = self.tokenizer.decode(ids_for_text, skip_special_tokens=p.skip_special_tokens)
+        if final and reason and isinstance(reason.get("matched"), str) and not p.no_stop_trim:
+            cut = text.find(reason["matched"])
+            if cut >= 0:
+                text = text[:cut]
+        if not final:
+            text = text.rstrip("\ufffd")  # hold back an incomplete multi-byte character
+        meta: dict[str, Any] = {
+            "id": req.rid,
+            "finish_reason": reason if final else None,
+            "prompt_tokens": len(req.input_ids),
+            "completion_tokens": len(req.output_ids),
+            "cached_tokens": 0,
+            "weight_version": self.weight_version,
+            "e2e_latency": time.monotonic() - req.created,
+        }
+        if req.return_logprob:
+            meta["output_token_logprobs"] = [
+                [lp, tid, self._token_text(tid, req)]
+                for lp, tid in zip(req.logprobs, req.output_ids, strict=True)
+            ]
+            if req.top_logprobs_num > 0:
+                meta["output_top_logprobs"] = [
+                    [[lp, tid, self._token_text(tid, req)] for lp, tid in pos]
+                    for pos in req.top_logprobs
+                ]
+        return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta}
+
+    def _token_text(self, token_id: int, req: Request) -> str | None:
+        if not req.return_text_in_logprobs:
+            return None
+        return self.tokenizer.decode([token_id])
+
+
+def _abort(message: str) -> dict[str, Any]:
+    return {"type": "abort", "message": message, "matched": None}

@@ -1,0 +1,186 @@
+"""Fixtures for the embedded engine tests: one engine subprocess per session, the real
+packaged model, and the same model loaded with plain transformers as the reference.
+
+The converted model is cached in ``RLGATE_ENGINE_TEST_CACHE`` (default
+``/tmp/rlgate-engine-cache``) so the GGUF conversion runs once per machine.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from engine.model_files import PACKAGED_MODEL, resolve_model_dir
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE_DIR = Path(os.environ.get("RLGATE_ENGINE_TEST_CACHE", "/tmp/rlgate-engine-cache"))
+MAX_LORA_RANK = 16
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    return resolve_model_dir(PACKAGED_MODEL, CACHE_DIR)
+
+
+@pytest.fixture(scope="session")
+def engine_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Base URL of an embedded engine subprocess (tmp data dir, shared model cache)."""
+    port = _free_port()
+    data_dir = tmp_path_factory.mktemp("engine-data")
+    log_path = data_dir / "engine.log"
+    env = {**os.environ, "RLGATE_DATA_DIR": str(data_dir), "PYTHONPATH": str(REPO)}
+    cmd = [
+        sys.executable, "-m", "engine", "--port", str(port), "--data-dir", str(CACHE_DIR),
+        "--max-lora-rank", str(MAX_LORA_RANK), "--max-loaded-loras", "3",
+        "--max-running-requests", "8", "--context-length", "1024", "--log-level", "warning",
+    ]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 180
+        try:
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"engine exited early:\n{log_path.read_text()}")
+                try:
+                    if httpx.get(url + "/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"engine did not start:\n{log_path.read_text()}")
+                time.sleep(0.3)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.fixture(scope="session")
+def client(engine_url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=engine_url, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir: Path):  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+@pytest.fixture(scope="session")
+def hf_model(model_dir: Path):  # type: ignore[no-untyped-def]
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def chat_ids(tokenizer) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    """A few rendered chat prompts (as the gateway would send them)."""
+    questions = [
+        "What is the capital of France?",
+        "Write a haiku about the sea.",
+        "List three prime numbers.",
+        "Who wrote Hamlet?",
+        "Explain gravity in one sentence.",
+        "Say hello in Spanish.",
+    ]
+    return [
+        list(tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
+            return_dict=False,
+        ))
+        for q in questions
+    ]
+
+
+def _make_adapter(model_dir: Path, out: Path, rank: int, seed: int,
+                  targets: tuple[str, ...]) -> Path:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets),
+                        lora_dropout=0.0, task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, config)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:  # PEFT initialises B to zero: make the adapter do something
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.1)
+    peft_model.save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def adapter_dirs(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("adapters")
+    return {
+        "a": _make_adapter(model_dir, root / "a", 8, 1, LORA_TARGETS),
+        "b": _make_adapter(model_dir, root / "b", 4, 2, ("q_proj", "v_proj", "down_proj")),
+        "too_big": _make_adapter(model_dir, root / "too_big", 2 * MAX_LORA_RANK, 3,
+                                 ("q_proj",)),
+    }
+
+
+@pytest.fixture(scope="session")
+def loaded_adapters(client: httpx.Client, adapter_dirs: dict[str, Path]) -> dict[str, str]:
+    """Adapters ``test-a`` and ``test-b`` loaded into the session's engine."""
+    names = {}
+    for key in ("a", "b"):
+        name = f"test-{key}"
+        r = client.post("/load_lora_adapter",
+                        json={"lora_name": name, "lora_path": str(adapter_dirs[key])})
+        assert r.status_code == 200, r.text
+        names[key] = name
+    return names
+
+
+def _generate(client: httpx.Client, **body: object) -> Any:
+    r = client.post("/generate", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@torch.inference_mode()
+def _hf_greedy(model: Any, ids: list[int], max_new_tokens: int, eos: list[int]) -> list[int]:
+    out = model.generate(
+        torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos[0],
+    )
+    return list(out[0, len(ids):].tolist())
+
+
+@pytest.fixture(scope="session")
+def generate() -> Callable[..., Any]:
+    """``generate(client, **body)``: POST /generate, assert 200, return the JSON."""
+    return _generate
+
+
+@pytest.fixture(scope="session")
+def hf_greedy() -> Callable[..., list[int]]:
+    """``hf_greedy(model, ids, max_new_tokens, eos)``: plain transformers greedy ids."""
+    return _hf_greedy
