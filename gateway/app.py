@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
 import logging
 import time
@@ -20,7 +21,7 @@ from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import openai_chat
-from gateway.auth import Authenticator, Principal, presented_secret, require_kind
+from gateway.auth import Authenticator, require_kind
 from gateway.db import check_connection, make_engine, session_factory
 from gateway.engine_client import EngineClient
 from gateway.errors import APIError, bad_request, error_response
@@ -29,7 +30,8 @@ from gateway.metrics import Metrics
 from gateway.migrate import current
 from gateway.parsing import TOOL_PARSERS
 from gateway.recorder import Recorder
-from gateway.service import Pipeline, Prepared, ServingPolicy
+from gateway.routing import gw_of, headers_for, principal, read_json
+from gateway.service import Pipeline, ServingPolicy
 from gateway.sessions import SessionStore, new_session_id
 from gateway.settings import ConfigError, Settings, get_settings
 from gateway.templating import ChatRenderer, load_tokenizer
@@ -37,6 +39,15 @@ from schemas.coltypes import utcnow
 from schemas.tables import SessionRow
 
 log = logging.getLogger("rlgate.gateway")
+
+# Route modules (each exposes `router`, an APIRouter) included next to the OpenAI routes.
+ROUTE_MODULES = (
+    "gateway.anthropic_routes",
+    "gateway.responses_routes",
+    "gateway.feedback_routes",
+    "gateway.areal_routes",
+    "gateway.admin_routes",
+)
 
 
 @dataclass
@@ -129,30 +140,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(MetricsMiddleware)
 
-    def gw_of(request: Request) -> Gateway:
-        return request.app.state.gw
-
-    def principal(request: Request) -> Principal:
-        return gw_of(request).auth.resolve(presented_secret(request))
-
-    async def read_json(request: Request) -> Any:
-        try:
-            return json.loads(await request.body())
-        except ValueError:
-            raise bad_request("the request body is not valid JSON") from None
-
-    def headers_for(prep: Prepared) -> dict[str, str]:
-        return {
-            "X-Rlgate-Session-Id": prep.session.session_id,
-            "X-Rlgate-Interaction-Id": prep.interaction_id,
-            "X-Rlgate-Policy-Version": prep.policy_version,
-        }
-
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions", include_in_schema=False)
     async def chat_completions(request: Request) -> Response:
         gw = gw_of(request)
-        p = await asyncio.to_thread(principal, request)
+        p = await principal(request)
         body = await read_json(request)
         req = openai_chat.to_internal(body, request.headers.get("x-session-id"))
         prep = await gw.pipeline.prepare(p, req, "chatcmpl-")
@@ -173,7 +165,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/models", include_in_schema=False)
     async def models(request: Request) -> dict[str, Any]:
         gw = gw_of(request)
-        await asyncio.to_thread(principal, request)
+        await principal(request)
         return {
             "object": "list",
             "data": [
@@ -213,7 +205,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.post("/v1/sessions")
     async def create_session(request: Request) -> JSONResponse:
         gw = gw_of(request)
-        p = await asyncio.to_thread(principal, request)
+        p = await principal(request)
         require_kind(p, "agent", "admin")
         raw = await request.body()
         body = await read_json(request) if raw.strip() else {}
@@ -266,7 +258,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.post("/v1/sessions/{session_id}/end")
     async def end_session(session_id: str, request: Request) -> dict[str, Any]:
         gw = gw_of(request)
-        p = await asyncio.to_thread(principal, request)
+        p = await principal(request)
         require_kind(p, "agent", "admin")
 
         def end() -> dict[str, Any]:
@@ -285,6 +277,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
         return await asyncio.to_thread(end)
 
+    for module in ROUTE_MODULES:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            continue  # that API has not landed yet
+        app.include_router(mod.router)
     return app
 
 

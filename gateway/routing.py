@@ -1,0 +1,41 @@
+"""Helpers every route module uses: the gateway state, the caller, the JSON body."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Request
+
+from gateway.auth import Principal, presented_secret
+from gateway.errors import bad_request
+
+if TYPE_CHECKING:
+    from gateway.app import Gateway
+    from gateway.service import Prepared
+
+
+def gw_of(request: Request) -> Gateway:
+    """The running gateway (settings, db session factory, pipeline, recorder, ...)."""
+    return request.app.state.gw
+
+
+async def principal(request: Request) -> Principal:
+    """The caller, from `Authorization: Bearer <key>` or `x-api-key`; 401 otherwise."""
+    return await asyncio.to_thread(gw_of(request).auth.resolve, presented_secret(request))
+
+
+async def read_json(request: Request) -> Any:
+    try:
+        return json.loads(await request.body())
+    except ValueError:
+        raise bad_request("the request body is not valid JSON") from None
+
+
+def headers_for(prep: Prepared) -> dict[str, str]:
+    return {
+        "X-Rlgate-Session-Id": prep.session.session_id,
+        "X-Rlgate-Interaction-Id": prep.interaction_id,
+        "X-Rlgate-Policy-Version": prep.policy_version,
+    }
