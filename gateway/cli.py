@@ -206,12 +206,38 @@ def gateway(host: str | None, port: int | None) -> None:
     )
 
 
+@main.command()
+@click.option("--port", type=int, default=None, help="Gateway port (default RLGATE_GATEWAY_PORT).")
+@click.option(
+    "--engine-port", type=int, default=None, help="Engine port (default RLGATE_ENGINE_PORT)."
+)
+@click.option("--no-trainer", is_flag=True, help="Do not start the training worker.")
+@clean_errors
+def up(port: int | None, engine_port: int | None, no_trainer: bool) -> None:
+    """Run the embedded default: SQLite, embedded engine, gateway, trainer. Ctrl-C stops."""
+    from gateway.up import run_up
+
+    settings = load_settings()
+    run_up(
+        settings,
+        port or settings.gateway_port,
+        engine_port or settings.engine_port,
+        trainer=not no_trainer,
+    )
+
+
 def _register_optional_commands() -> None:
-    try:
-        from engine.cli import engine_command
-    except ImportError:
-        return
+    from engine.cli import engine_command
+
     main.add_command(engine_command, "engine")
+    try:
+        from trainer import cli as trainer_cli
+    except ImportError:
+        return  # the trainer has not landed yet
+    for name in ("worker_command", "train_command", "adapters_group"):
+        command = getattr(trainer_cli, name, None)
+        if command is not None:
+            main.add_command(command)
 
 
 _register_optional_commands()

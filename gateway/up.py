@@ -1,0 +1,196 @@
+"""`rlgate up`: the embedded default in one command.
+
+Migrates the SQLite database, starts the embedded engine with the packaged model, the
+gateway and (when the trainer is installed) a Celery worker with its schedule on the
+embedded broker; prints the base URL, fresh keys and copy-paste snippets. Ctrl-C stops
+everything. Each process logs to ``<data dir>/logs/``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import httpx
+
+from gateway.settings import Settings
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    log: Path
+
+
+def _start(name: str, args: list[str], logs: Path, env: dict[str, str]) -> Child:
+    log = logs / f"{name}.log"
+    fh = open(log, "ab")  # noqa: SIM115 - owned by the child's lifetime
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        stdout=fh,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
+    return Child(name, proc, log)
+
+
+def _tail(path: Path, n: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def _wait_healthy(child: Child, url: str, timeout: float, ok: tuple[int, ...] = (200,)) -> None:
+    deadline = time.monotonic() + timeout
+    shown = ""
+    while True:
+        if child.proc.poll() is not None:
+            raise click.ClickException(
+                f"{child.name} exited (code {child.proc.returncode}); last lines of "
+                f"{child.log}:\n{_tail(child.log)}"
+            )
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code in ok:
+                return
+        except httpx.HTTPError:
+            pass
+        last = _tail(child.log, 1)
+        if last and last != shown and "[rlgate" in last:
+            click.echo(f"  {last.strip()}", err=True)
+            shown = last
+        if time.monotonic() > deadline:
+            raise click.ClickException(
+                f"{child.name} did not become healthy in {timeout:.0f} s; see {child.log}"
+            )
+        time.sleep(0.5)
+
+
+def _stop(children: list[Child]) -> None:
+    for child in reversed(children):
+        if child.proc.poll() is None:
+            child.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    for child in reversed(children):
+        try:
+            child.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.proc.kill()
+
+
+def snippets(base: str, agent_key: str, model: str) -> str:
+    return f"""
+  OpenAI SDK (Python):
+    from openai import OpenAI
+    client = OpenAI(base_url="{base}/v1", api_key="{agent_key}")
+    print(client.chat.completions.create(model="{model}",
+          messages=[{{"role": "user", "content": "Hello!"}}]).choices[0].message.content)
+
+  curl:
+    curl {base}/v1/chat/completions -H "Authorization: Bearer {agent_key}" \\
+      -H "Content-Type: application/json" \\
+      -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+
+  Claude Code:
+    ANTHROPIC_BASE_URL={base} ANTHROPIC_AUTH_TOKEN={agent_key} claude -p "Hello!"
+
+  OpenClaw (custom OpenAI-compatible provider in its config):
+    baseUrl: {base}/v1    apiKey: {agent_key}    model: {model}
+
+  Rate an answer (the id is the response's "id"):
+    curl {base}/feedback -H "Authorization: Bearer {agent_key}" \\
+      -H "Content-Type: application/json" \\
+      -d '{{"interaction_id": "chatcmpl-...", "value": 1, "scale": "binary"}}'
+"""
+
+
+def run_up(settings: Settings, port: int, engine_port: int, trainer: bool) -> None:
+    from gateway import migrate as mig
+    from gateway.db import make_engine, session_factory, transaction
+    from gateway.keys import create_key
+
+    data_dir = settings.data_dir.resolve()
+    logs = data_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    url = settings.effective_database_url
+    click.echo(f"rlgate up: data in {data_dir}", err=True)
+    mig.upgrade(url)
+    factory = session_factory(make_engine(url))
+    with transaction(factory) as db:
+        _, agent_key = create_key(db, settings.default_project, "agent", name="rlgate up")
+        _, admin_key = create_key(db, settings.default_project, "admin", name="rlgate up")
+
+    engine_url = f"http://127.0.0.1:{engine_port}"
+    base = f"http://{settings.gateway_host}:{port}"
+    env = {
+        **os.environ,
+        "RLGATE_DATA_DIR": str(data_dir),
+        "RLGATE_ENGINE_URLS": engine_url,
+        "RLGATE_GATEWAY_PORT": str(port),
+        "RLGATE_ENGINE_PORT": str(engine_port),
+    }
+    children: list[Child] = []
+    stopping = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        click.echo(
+            "starting the engine (the first start converts the packaged model, about a minute) ...",
+            err=True,
+        )
+        children.append(_start("engine", ["-m", "engine", "--port", str(engine_port)], logs, env))
+        _wait_healthy(children[-1], engine_url, 600)
+        click.echo("starting the gateway ...", err=True)
+        children.append(
+            _start("gateway", ["-m", "gateway.cli", "gateway", "--port", str(port)], logs, env)
+        )
+        _wait_healthy(children[-1], base, 120, ok=(200, 503))
+        trainer_note = "trainer: not started (--no-trainer)"
+        if trainer:
+            try:
+                import trainer.cli  # noqa: F401
+            except ImportError:
+                trainer_note = "trainer: not available in this version"
+            else:
+                children.append(
+                    _start("worker", ["-m", "gateway.cli", "worker", "--beat"], logs, env)
+                )
+                trainer_note = f"trainer: Celery worker + schedule (log {logs / 'worker.log'})"
+        model = settings.served_model_name
+        click.echo(f"""
+rlgate is up.
+  base_url (OpenAI):     {base}/v1
+  base_url (Anthropic):  {base}
+  agent key:             {agent_key}
+  admin key:             {admin_key}
+  admin dashboard:       {base}/admin   (log in with the admin key)
+  engine:                {engine_url}
+  {trainer_note}
+  logs:                  {logs}
+{snippets(base, agent_key, model)}
+Press Ctrl-C to stop.""")
+        while not stopping:
+            for child in children:
+                if child.proc.poll() is not None:
+                    raise click.ClickException(
+                        f"{child.name} stopped (code {child.proc.returncode}); last lines of "
+                        f"{child.log}:\n{_tail(child.log)}"
+                    )
+            time.sleep(0.5)
+        click.echo("\nstopping ...", err=True)
+    finally:
+        _stop(children)
+    click.echo("stopped.", err=True)
