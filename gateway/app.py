@@ -25,6 +25,7 @@ from gateway.auth import Authenticator, require_kind
 from gateway.db import check_connection, make_engine, session_factory
 from gateway.engine_client import EngineClient
 from gateway.errors import APIError, bad_request, error_response
+from gateway.feedback import session_closed
 from gateway.keys import create_key
 from gateway.metrics import Metrics
 from gateway.migrate import current
@@ -96,8 +97,10 @@ def build_gateway(settings: Settings) -> Gateway:
     engines = EngineClient(
         settings.engine_url_list, settings.max_in_flight_per_engine, settings.engine_timeout_s
     )
-    recorder = Recorder(factory, settings.data_dir / "spool")
     sessions = SessionStore(factory, settings.session_idle_timeout_s)
+    recorder = Recorder(
+        factory, settings.data_dir / "spool", on_sessions_written=sessions.committed
+    )
     pipeline = Pipeline(
         renderer=renderer,
         engines=engines,
@@ -261,7 +264,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         p = await principal(request)
         require_kind(p, "agent", "admin")
 
-        def end() -> dict[str, Any]:
+        def end() -> tuple[dict[str, Any], bool]:
             with gw.factory() as db, db.begin():
                 row = db.get(SessionRow, session_id)
                 if (
@@ -270,12 +273,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     or (p.session_id and p.session_id != session_id)
                 ):
                     raise APIError(404, f"no session {session_id}")
-                if row.status == "open":
+                closed_now = row.status == "open"
+                if closed_now:
                     row.status = "closed"
                     row.closed_at = utcnow()
-                return {"id": row.id, "object": "session", "status": row.status}
+                return {"id": row.id, "object": "session", "status": row.status}, closed_now
 
-        return await asyncio.to_thread(end)
+        out, closed_now = await asyncio.to_thread(end)
+        if closed_now:  # settle credit assignment, run the project's verifiers
+            await asyncio.to_thread(session_closed, gw.factory, session_id)
+        return out
 
     for module in ROUTE_MODULES:
         try:

@@ -24,6 +24,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from schemas.atdp import Interaction
+from schemas.atdp import Session as SessionRecord
 from schemas.convert import to_row
 from schemas.tables import InteractionRow, SessionRow
 
@@ -76,7 +78,7 @@ class Spool:
         with self.lock:
             seg = self.current
             seg.fh.write(data)
-            os.fsync(seg.fh.fileno())
+            os.fdatasync(seg.fh.fileno())
             seg.written += len(records)
             if seg.written >= SEGMENT_MAX_RECORDS:
                 self.current = self._open_segment()
@@ -89,11 +91,12 @@ class Spool:
                 seg.fh.close()
                 seg.path.unlink(missing_ok=True)
 
-    def rotate_if_idle(self) -> None:
-        """Start a new segment when every record of the current one is in the database."""
+    def rotate_if_idle(self, min_records: int = 200) -> None:
+        """Start a new segment once the current one holds enough records, all of them in
+        the database (rotating after every record would cost a file per request)."""
         with self.lock:
             seg = self.current
-            if seg.written and seg.done >= seg.written:
+            if seg.written >= min_records and seg.done >= seg.written:
                 self.current = self._open_segment()
                 seg.fh.close()
                 seg.path.unlink(missing_ok=True)
@@ -120,13 +123,22 @@ class Spool:
                 self.current.path.unlink(missing_ok=True)
 
 
-def write_batch(db: Session, records: list[dict[str, Any]]) -> int:
-    """Insert records not yet in the database; returns how many were inserted."""
+def write_batch(db: Session, entries: list[dict[str, Any]]) -> tuple[int, set[str]]:
+    """Insert what is not in the database yet: the sessions new calls opened, then the
+    interactions. Returns (interactions inserted, ids of the sessions carried along)."""
+    carried = {e["session"]["id"]: e["session"] for e in entries if e.get("session")}
+    if carried:
+        have = set(db.scalars(select(SessionRow.id).where(SessionRow.id.in_(list(carried)))))
+        for sid, row in carried.items():
+            if sid not in have:
+                db.add(to_row(SessionRecord.model_validate(row)))
+        db.flush()
+    records = [e["interaction"] for e in entries]
     ids = [r["id"] for r in records]
     existing = set(db.scalars(select(InteractionRow.id).where(InteractionRow.id.in_(ids))))
     fresh = [r for r in records if r["id"] not in existing]
     if not fresh:
-        return 0
+        return 0, set(carried)
     sessions = {r["session_id"] for r in fresh}
     next_seq = dict(
         db.execute(
@@ -155,13 +167,18 @@ def write_batch(db: Session, records: list[dict[str, Any]]) -> int:
             .where(SessionRow.id == session_id, SessionRow.last_activity_at < at)
             .values(last_activity_at=at)
         )
-    return len(fresh)
+    return len(fresh), set(carried)
 
 
 class Recorder:
     def __init__(
-        self, factory: sessionmaker[Session], spool_dir: Path, batch_max: int = 256
+        self,
+        factory: sessionmaker[Session],
+        spool_dir: Path,
+        batch_max: int = 256,
+        on_sessions_written: Callable[[set[str]], None] | None = None,
     ) -> None:
+        self.on_sessions_written = on_sessions_written
         self.factory = factory
         self.spool = Spool(spool_dir)
         self.batch_max = batch_max
@@ -204,7 +221,7 @@ class Recorder:
                         continue
             for i in range(0, len(records), self.batch_max):
                 with self.factory() as db, db.begin():
-                    total += write_batch(db, records[i : i + self.batch_max])
+                    total += write_batch(db, records[i : i + self.batch_max])[0]
             path.unlink()
         return total
 
@@ -293,7 +310,10 @@ class Recorder:
         while True:
             try:
                 with self.factory() as db, db.begin():
-                    self.recorded_total += write_batch(db, [p.record for p in work])
+                    inserted, sessions = write_batch(db, [p.record for p in work])
+                self.recorded_total += inserted
+                if sessions and self.on_sessions_written:
+                    self.on_sessions_written(sessions)
                 self._db_ok.set()
                 return
             except Exception as e:

@@ -250,11 +250,6 @@ class Pipeline:
             int(meta.get("cached_tokens", 0) or 0),
         )
 
-    async def discard(self, prep: Prepared) -> None:
-        """Undo a session opened for a call that failed before anything was recorded."""
-        if prep.session.created:
-            await asyncio.to_thread(self.sessions.discard_if_empty, prep.session.session_id)
-
     # ---- generation ------------------------------------------------------------------
 
     async def run(self, prep: Prepared) -> list[Completion]:
@@ -269,9 +264,6 @@ class Pipeline:
                     for i in range(prep.req.sampling.n)
                 ]
             )
-        except BaseException:
-            await self.discard(prep)
-            raise
         finally:
             if prep.adapter:
                 await self.leases.release(prep.adapter)
@@ -361,7 +353,6 @@ class Pipeline:
                 if isinstance(item, BaseException):
                     if not any(partial[i]["ids"] for i in partial):
                         partial.clear()  # nothing was generated: record nothing
-                        await self.discard(prep)
                     raise item
                 if item.finished:
                     finished[item.index] = item.finished
@@ -454,7 +445,9 @@ class Pipeline:
                 created_at=now,
                 continuation_hash=cont,
             )
-            records.append(rec.model_dump(mode="json"))
+            records.append(
+                {"interaction": rec.model_dump(mode="json"), "session": prep.session.new_row}
+            )
             if c.finish_reason != "abort":
                 self.sessions.remember(
                     prep.principal.project_id,

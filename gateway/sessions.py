@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.auth import Principal
 from gateway.errors import APIError
 from gateway.request import Message
+from schemas.atdp import Session as AtdpSession
 from schemas.coltypes import utcnow
 from schemas.tables import InteractionRow, SessionRow
 
@@ -64,6 +66,9 @@ class SessionContext:
     session_id: str
     parent_id: str | None
     created: bool
+    # the ATDP Session record while it is not in the database yet: it travels with the
+    # interaction records, so a new session is written together with its first call
+    new_row: dict | None = None
 
 
 class SessionStore:
@@ -73,6 +78,18 @@ class SessionStore:
         # continuation hash -> (project, key, session, interaction): answers not yet in
         # the database are found here, so a fast follow-up call still stitches
         self.recent: OrderedDict[str, tuple[str, str, str, str]] = OrderedDict()
+        # sessions opened by a call whose records are not committed yet
+        self.pending: OrderedDict[str, dict] = OrderedDict()
+        self.pending_external: dict[tuple[str, str], str] = {}
+        self.lock = threading.Lock()
+
+    def committed(self, session_ids: set[str]) -> None:
+        """The recorder wrote these sessions: forget their pending copies."""
+        with self.lock:
+            for sid in session_ids:
+                row = self.pending.pop(sid, None)
+                if row and row.get("external_id"):
+                    self.pending_external.pop((row["project_id"], row["external_id"]), None)
 
     def remember(
         self, project: str, key_id: str, session_id: str, interaction_id: str, continuation: str
@@ -116,10 +133,10 @@ class SessionStore:
         return None
 
     def _create(
-        self, db: Session, p: Principal, protocol: str, external_id: str | None, agent: str | None
-    ) -> SessionRow:
+        self, p: Principal, protocol: str, external_id: str | None, agent: str | None
+    ) -> SessionContext:
         now = utcnow()
-        row = SessionRow(
+        row = AtdpSession(
             id=new_session_id(),
             project_id=p.project_id,
             api_key_id=p.key_id,
@@ -129,10 +146,18 @@ class SessionStore:
             status="open",
             created_at=now,
             last_activity_at=now,
-            meta={},
-        )
-        db.add(row)
-        return row
+        ).model_dump(mode="json")
+        with self.lock:
+            self.pending[row["id"]] = row
+            if external_id:
+                self.pending_external[(p.project_id, external_id)] = row["id"]
+            while len(self.pending) > 50_000:
+                self.pending.popitem(last=False)
+        return SessionContext(row["id"], None, True, row)
+
+    def _pending(self, session_id: str) -> dict | None:
+        with self.lock:
+            return self.pending.get(session_id)
 
     def resolve(
         self,
@@ -142,8 +167,10 @@ class SessionStore:
         external_id: str | None,
         agent: str | None,
     ) -> SessionContext:
+        """Which session this call belongs to. Writes nothing: a new session is recorded
+        with the call's interaction, so a call that fails leaves nothing behind."""
         hashes = prefix_hashes(messages)
-        with self.factory() as db, db.begin():
+        with self.factory() as db:
             if p.session_id:  # (a) per-session key
                 row = db.get(SessionRow, p.session_id)
                 if row is None or row.status != "open":
@@ -164,14 +191,22 @@ class SessionStore:
                     .order_by(SessionRow.created_at.desc())
                     .limit(1)
                 ).first()
-                if row is None:
-                    row = self._create(db, p, protocol, external_id, agent)
-                    return SessionContext(row.id, None, True)
-                hit = self._find_parent(db, p, hashes, row.id)
-                return SessionContext(row.id, hit[1] if hit else None, False)
+                if row is not None:
+                    hit = self._find_parent(db, p, hashes, row.id)
+                    return SessionContext(row.id, hit[1] if hit else None, False)
+                with self.lock:
+                    sid = self.pending_external.get((p.project_id, external_id))
+                pending = self._pending(sid) if sid else None
+                if pending is None:
+                    return self._create(p, protocol, external_id, agent)
+                hit = self._find_parent(db, p, hashes, sid)
+                return SessionContext(sid, hit[1] if hit else None, False, pending)
             # (c) stitching by conversation prefix
             hit = self._find_parent(db, p, hashes, None)
             if hit:
+                pending = self._pending(hit[0])
+                if pending is not None:
+                    return SessionContext(hit[0], hit[1], False, pending)
                 row = db.get(SessionRow, hit[0])
                 if (
                     row is not None
@@ -179,20 +214,13 @@ class SessionStore:
                     and (utcnow() - row.last_activity_at <= self.idle)
                 ):
                     return SessionContext(row.id, hit[1], False)
-            row = self._create(db, p, protocol, None, agent)
-            return SessionContext(row.id, None, True)
-
-    def discard_if_empty(self, session_id: str) -> None:
-        with self.factory() as db, db.begin():
-            has_any = db.scalars(
-                select(InteractionRow.id).where(InteractionRow.session_id == session_id).limit(1)
-            ).first()
-            row = db.get(SessionRow, session_id)
-            if row is not None and has_any is None:
-                db.delete(row)
+            return self._create(p, protocol, None, agent)
 
     def expire_idle(self) -> int:
-        """Mark open sessions idle past the timeout as expired."""
+        """Mark open sessions idle past the timeout as expired, then settle their credit
+        assignment and run their verifiers (gateway.feedback.session_closed)."""
+        from gateway.feedback import session_closed
+
         cutoff = utcnow() - self.idle
         with self.factory() as db, db.begin():
             rows = db.scalars(
@@ -204,4 +232,7 @@ class SessionStore:
             for row in rows:
                 row.status = "expired"
                 row.closed_at = now
-            return len(rows)
+            ids = [row.id for row in rows]
+        for sid in ids:
+            session_closed(self.factory, sid)  # never raises
+        return len(ids)

@@ -1,0 +1,166 @@
+"""Hot swap latency: trainer done (adapter saved, candidate version committed) -> first
+request served by the new version, on the embedded engine. Measures publish (load into
+the engine + atomic pointer switch + audit), then the gateway's serving lookup
+(``ServingPolicy``) and a 1-token /generate with the new adapter.
+
+    .venv/bin/python bench/hot_swap.py [--engine-url URL] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from gateway.db import make_engine, session_factory, transaction  # noqa: E402
+from gateway.migrate import upgrade  # noqa: E402
+from gateway.service import ServingPolicy  # noqa: E402
+from gateway.settings import Settings  # noqa: E402
+from schemas.tables import PolicyVersionRow, ProjectRow  # noqa: E402
+from trainer.runner import publish_version  # noqa: E402
+
+CACHE = Path(os.environ.get("RLGATE_ENGINE_TEST_CACHE", "/tmp/rlgate-engine-cache"))
+
+
+def make_adapter(model_dir: Path, out: Path, seed: int) -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    pm = get_peft_model(
+        model,
+        LoraConfig(
+            r=8,
+            lora_alpha=16,
+            target_modules=[
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "o_proj",
+                "gate_proj",
+                "up_proj",
+                "down_proj",
+            ],
+        ),
+    )
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.01)
+    pm.save_pretrained(str(out))
+
+
+def wait_health(url: str, proc: subprocess.Popen | None) -> None:
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit("engine exited")
+        time.sleep(0.3)
+    raise SystemExit("engine did not start")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--engine-url", default="")
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    from engine.model_files import PACKAGED_MODEL, resolve_model_dir
+
+    model_dir = resolve_model_dir(PACKAGED_MODEL, CACHE)
+    tmp = Path(tempfile.mkdtemp(prefix="rlgate-hotswap-"))
+    proc = None
+    url = a.engine_url
+    if not url:
+        port = 31000 + os.getpid() % 1000
+        url = f"http://127.0.0.1:{port}"
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "engine",
+                "--port",
+                str(port),
+                "--data-dir",
+                str(CACHE),
+                "--log-level",
+                "warning",
+                "--context-length",
+                "512",
+            ],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    try:
+        wait_health(url, proc)
+        db_url = f"sqlite:///{tmp / 'bench.db'}"
+        upgrade(db_url)
+        factory = session_factory(make_engine(db_url))
+        settings = Settings(data_dir=tmp, database_url=db_url, engine_urls=url)
+        pid = "bench"
+        with transaction(factory) as db:
+            db.add(ProjectRow(id=pid, name=pid))
+        ids = list(range(100, 140))
+        for v in range(1, a.rounds + 1):
+            name = f"{pid}-policy-v{v}-{os.getpid()}"
+            make_adapter(model_dir, tmp / name, v)
+            with transaction(factory) as db:
+                db.add(
+                    PolicyVersionRow(
+                        id=f"pv{v}",
+                        project_id=pid,
+                        name=name,
+                        version=v,
+                        base_model="packaged",
+                        path=str(tmp / name),
+                        lora_config={"r": 8},
+                        status="candidate",
+                    )
+                )
+            t0 = time.perf_counter()  # trainer done
+            assert publish_version(factory, settings, f"pv{v}")
+            t1 = time.perf_counter()
+            serving = ServingPolicy(factory).adapter_for(pid)  # a gateway's fresh lookup
+            assert serving == name, serving
+            r = httpx.post(
+                f"{url}/generate",
+                json={
+                    "input_ids": ids,
+                    "lora_path": serving,
+                    "sampling_params": {"temperature": 0, "max_new_tokens": 1},
+                },
+                timeout=60,
+            )
+            r.raise_for_status()
+            t2 = time.perf_counter()
+            print(
+                f"v{v}: publish (load + switch + unload old) {t1 - t0:.3f} s, "
+                f"lookup + first request {t2 - t1:.3f} s, total {t2 - t0:.3f} s "
+                f"(target < 1 s)"
+            )
+        print(
+            "note: the gateway caches the serving pointer for ServingPolicy.TTL_S "
+            f"= {ServingPolicy.TTL_S} s, which a running gateway adds at most"
+        )
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=20)
+
+
+if __name__ == "__main__":
+    main()

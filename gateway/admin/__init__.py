@@ -1,0 +1,1 @@
+"""The admin dashboard's templates, queries and server-rendered SVG charts."""

@@ -1,0 +1,317 @@
+"""Dashboard actions: train now, promote, roll back, retire, pause / resume, keys.
+
+Each action goes through the trainer's functions (``trainer.api.train_now``,
+``trainer.runner.serve_version``) when the trainer package imports; otherwise it does
+the database part itself (a ``queued`` run row; the serving pointer switch in one
+transaction) so a gateway without the trainer installed still has a working dashboard.
+Every action writes an AuditEvent (the trainer functions write their own).
+
+All functions are blocking (database, engine HTTP): call them in a worker thread.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.db import transaction
+from gateway.keys import audit, create_key, new_id, revoke_key
+from gateway.settings import Settings
+from schemas.atdp import KeyKind
+from schemas.coltypes import utcnow
+from schemas.tables import ApiKeyRow, AuditEventRow, PolicyVersionRow, ProjectRow, TrainingRunRow
+
+log = logging.getLogger("rlgate.admin")
+
+
+class ActionError(Exception):
+    """An action that cannot be done as asked; ``status`` is the HTTP status to answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _trainer(module: str) -> Any | None:
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name and (e.name == module or module.startswith(e.name + ".")):
+            return None
+        raise
+
+
+def _project(db: Session, project_id: str) -> ProjectRow:
+    project = db.get(ProjectRow, project_id)
+    if project is None:
+        raise ActionError(404, f"no project {project_id!r}")
+    return project
+
+
+# ---- training -----------------------------------------------------------------------
+
+
+def train_now(factory: sessionmaker[Session], project_id: str, actor: str) -> dict[str, Any]:
+    """Queue a manual run; returns ``{"run_id", "status"}``."""
+    with factory() as db:
+        _project(db, project_id)
+    api = _trainer("trainer.api")
+    if api is not None:
+        try:
+            run_id = api.train_now(project_id, actor, factory=factory)
+        except LookupError as e:
+            raise ActionError(404, str(e)) from None
+        except Exception as e:  # broker down: the run row exists, the message did not go
+            log.exception("train-now could not enqueue")
+            raise ActionError(503, f"the run was created but not queued: {e}") from None
+        return {"run_id": run_id, "status": "queued", "via": "trainer"}
+    run_id = new_id("run")
+    with transaction(factory) as db:
+        db.add(
+            TrainingRunRow(
+                id=run_id,
+                project_id=project_id,
+                trigger="manual",
+                status="queued",
+                created_at=utcnow(),
+            )
+        )
+        audit(db, actor, "training.trigger", project_id, "training_run", run_id, {})
+    return {"run_id": run_id, "status": "queued", "via": "db"}
+
+
+def set_paused(
+    factory: sessionmaker[Session], project_id: str, paused: bool, actor: str
+) -> dict[str, Any]:
+    with transaction(factory) as db:
+        project = _project(db, project_id)
+        changed = bool(project.training_paused) != paused
+        project.training_paused = paused
+        if changed:
+            action = "training.pause" if paused else "training.resume"
+            audit(db, actor, action, project_id, "project", project_id, {})
+    return {"project_id": project_id, "training_paused": paused, "changed": changed}
+
+
+# ---- adapters -----------------------------------------------------------------------
+
+
+def _version(db: Session, project_id: str, target: str) -> PolicyVersionRow:
+    q = select(PolicyVersionRow).where(PolicyVersionRow.project_id == project_id)
+    if str(target).isdigit():
+        q = q.where(PolicyVersionRow.version == int(target))
+    else:
+        q = q.where((PolicyVersionRow.name == target) | (PolicyVersionRow.id == target))
+    pv = db.scalars(q).first()
+    if pv is None:
+        raise ActionError(404, f"no policy version {target!r} in project {project_id!r}")
+    return pv
+
+
+def previous_version(db: Session, project_id: str) -> PolicyVersionRow | None:
+    """The version served before the current one: the ``previous`` of the last
+    promote/rollback audit event, else the newest retired version below the serving one."""
+    serving = db.scalars(
+        select(PolicyVersionRow).where(
+            PolicyVersionRow.project_id == project_id, PolicyVersionRow.status == "serving"
+        )
+    ).first()
+    if serving is None:
+        return None
+    events = db.scalars(
+        select(AuditEventRow)
+        .where(
+            AuditEventRow.project_id == project_id,
+            AuditEventRow.target_id == serving.id,
+            AuditEventRow.action.in_(("adapter.promote", "adapter.rollback")),
+        )
+        .order_by(AuditEventRow.created_at.desc())
+        .limit(1)
+    ).first()
+    prev_name = (events.details or {}).get("previous") if events else None
+    if prev_name:
+        pv = db.scalars(
+            select(PolicyVersionRow).where(
+                PolicyVersionRow.project_id == project_id, PolicyVersionRow.name == prev_name
+            )
+        ).first()
+        if pv is not None and pv.status != "rejected":
+            return pv
+    return db.scalars(
+        select(PolicyVersionRow)
+        .where(
+            PolicyVersionRow.project_id == project_id,
+            PolicyVersionRow.status == "retired",
+            PolicyVersionRow.version < serving.version,
+        )
+        .order_by(PolicyVersionRow.version.desc())
+        .limit(1)
+    ).first()
+
+
+def _switch_db(
+    factory: sessionmaker[Session], project_id: str, version_id: str, actor: str, action: str
+) -> dict[str, Any]:
+    with transaction(factory) as db:
+        target = db.get(PolicyVersionRow, version_id)
+        assert target is not None
+        old = db.scalars(
+            select(PolicyVersionRow).where(
+                PolicyVersionRow.project_id == project_id,
+                PolicyVersionRow.status == "serving",
+                PolicyVersionRow.id != version_id,
+            )
+        ).all()
+        db.execute(
+            update(PolicyVersionRow)
+            .where(
+                PolicyVersionRow.project_id == project_id,
+                PolicyVersionRow.status == "serving",
+                PolicyVersionRow.id != version_id,
+            )
+            .values(status="retired")
+        )
+        target.status = "serving"
+        target.promoted_at = utcnow()
+        previous = old[0].name if old else None
+        audit(
+            db,
+            actor,
+            action,
+            project_id,
+            "policy_version",
+            target.id,
+            {"name": target.name, "version": target.version, "previous": previous},
+        )
+        return {"name": target.name, "previous": previous, "changed": True}
+
+
+def _serve(
+    factory: sessionmaker[Session],
+    settings: Settings,
+    project_id: str,
+    pv_id: str,
+    actor: str,
+    action: str,
+) -> dict[str, Any]:
+    with factory() as db:
+        pv = db.get(PolicyVersionRow, pv_id)
+        assert pv is not None
+        name, status = pv.name, pv.status
+    if status == "serving":
+        return {"name": name, "previous": None, "changed": False}
+    if status == "rejected":
+        raise ActionError(409, f"{name} was rejected by the eval gate; it cannot be served")
+    runner = _trainer("trainer.runner")
+    if runner is not None:
+        publish = importlib.import_module("trainer.publish")
+        try:
+            return dict(
+                runner.serve_version(
+                    project_id,
+                    name,
+                    actor=actor,
+                    action=action,
+                    settings=settings,
+                    factory=factory,
+                )
+            )
+        except publish.PublishError as e:
+            raise ActionError(502, str(e)) from None
+        except LookupError as e:
+            raise ActionError(404, str(e)) from None
+    return _switch_db(factory, project_id, pv_id, actor, action)
+
+
+def promote(
+    factory: sessionmaker[Session], settings: Settings, project_id: str, target: str, actor: str
+) -> dict[str, Any]:
+    """Serve ``target`` (a name, id or version number); the serving one is retired."""
+    with factory() as db:
+        pv_id = _version(db, project_id, target).id
+    return _serve(factory, settings, project_id, pv_id, actor, "adapter.promote")
+
+
+def rollback(
+    factory: sessionmaker[Session],
+    settings: Settings,
+    project_id: str,
+    actor: str,
+    target: str | None = None,
+) -> dict[str, Any]:
+    """Re-serve ``target``, or (None) the version served before the current one."""
+    with factory() as db:
+        if target:
+            pv = _version(db, project_id, target)
+        else:
+            pv = previous_version(db, project_id)
+            if pv is None:
+                raise ActionError(409, f"project {project_id!r} has no earlier version to serve")
+        pv_id = pv.id
+    return _serve(factory, settings, project_id, pv_id, actor, "adapter.rollback")
+
+
+def retire(
+    factory: sessionmaker[Session], project_id: str, target: str, actor: str
+) -> dict[str, Any]:
+    """Mark a candidate (or an already retired) version retired; never the serving one."""
+    with transaction(factory) as db:
+        pv = _version(db, project_id, target)
+        if pv.status == "serving":
+            raise ActionError(
+                409, f"{pv.name} is serving; promote or roll back to another version first"
+            )
+        changed = pv.status != "retired"
+        before = pv.status
+        pv.status = "retired"
+        if changed:
+            audit(
+                db,
+                actor,
+                "adapter.retire",
+                project_id,
+                "policy_version",
+                pv.id,
+                {"name": pv.name, "version": pv.version, "before": before},
+            )
+        return {"name": pv.name, "status": "retired", "changed": changed}
+
+
+# ---- keys ---------------------------------------------------------------------------
+
+
+def new_key(
+    factory: sessionmaker[Session], project_id: str, kind: str, name: str | None, actor: str
+) -> dict[str, Any]:
+    try:
+        KeyKind(kind)
+    except ValueError:
+        kinds = ", ".join(k.value for k in KeyKind)
+        raise ActionError(400, f"kind must be one of {kinds}, not {kind!r}") from None
+    with transaction(factory) as db:
+        _project(db, project_id)
+        row, secret = create_key(db, project_id, kind, name=name or None, actor=actor)
+        return {
+            "id": row.id,
+            "project_id": project_id,
+            "kind": row.kind,
+            "name": row.name,
+            "prefix": row.prefix,
+            "secret": secret,
+        }
+
+
+def drop_key(
+    factory: sessionmaker[Session], key_id: str, actor: str, projects: list[str] | None
+) -> dict[str, Any]:
+    with transaction(factory) as db:
+        row = db.get(ApiKeyRow, key_id)
+        if row is None or (projects is not None and row.project_id not in projects):
+            raise ActionError(404, f"no key {key_id!r}")
+        revoke_key(db, key_id, actor=actor)
+        return {"id": key_id, "revoked_at": row.revoked_at.isoformat()}

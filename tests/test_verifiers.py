@@ -1,0 +1,217 @@
+"""Verifiers: the built-ins, the selection rules, and a real Celery worker (Redis broker)
+rating closed sessions with no request from the client."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from gateway.keys import ensure_project
+from schemas.atdp import Interaction, Session
+from schemas.coltypes import utcnow
+from schemas.convert import to_row
+from schemas.tables import FeedbackRow, InteractionRow, SessionRow
+from trainer.verifiers import (
+    VerifierContext,
+    command,
+    configured_verifiers,
+    exact_number,
+    get_verifier,
+    last_number,
+    on_session_closed,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+REDIS_DB = os.environ.get("RLGATE_TEST_REDIS_DB", "14")
+T0 = utcnow()
+
+
+def _interaction(iid, sid, seq, text, pid="p1", group_id=None, choice=0):  # type: ignore[no-untyped-def]
+    return Interaction(
+        id=iid,
+        project_id=pid,
+        session_id=sid,
+        seq=seq,
+        group_id=group_id,
+        choice_index=choice,
+        request={"messages": [{"role": "user", "content": "q"}]},
+        prompt_token_ids=[1],
+        completion_token_ids=[2],
+        completion_logprobs=[-0.1],
+        temperature=1.0,
+        top_p=1.0,
+        policy_version="base",
+        finish_reason="stop",
+        output={"text": text},
+        usage={"prompt_tokens": 1, "completion_tokens": 1},
+        created_at=T0 + timedelta(seconds=seq),
+    )
+
+
+def _session(sid, pid="p1", **meta):  # type: ignore[no-untyped-def]
+    return Session(
+        id=sid, project_id=pid, created_at=T0, last_activity_at=T0, metadata=meta, task_id="t"
+    )
+
+
+def _ctx(text_meta=None, **config):  # type: ignore[no-untyped-def]
+    return VerifierContext(_session("s", **(text_meta or {})), [], config)
+
+
+@pytest.mark.parametrize(
+    ("text", "number"),
+    [
+        ("The answer is 42.", 42.0),
+        ("1,234 apples, then 5", 5.0),
+        ("total: 1,234", 1234.0),
+        ("-3.5 degrees", -3.5),
+        ("x = 2e3", 2000.0),
+        ("no digits", None),
+        (None, None),
+    ],
+)
+def test_last_number(text, number):
+    assert last_number(text) == number
+
+
+def test_exact_number():
+    right = _interaction("a", "s", 0, "so 6*7 = 42")
+    wrong = _interaction("b", "s", 0, "I think 41")
+    none = _interaction("c", "s", 0, "no idea")
+    assert exact_number(_ctx({"expected": 42}), right) == 1.0
+    assert exact_number(_ctx({"expected": "42"}), wrong) == -1.0
+    assert exact_number(_ctx({"expected": 42}), none) == -1.0
+    assert exact_number(_ctx({"task": {"expected": "1,234"}}), _interaction("d", "s", 0, "1234"))
+    assert exact_number(_ctx({}, expected=41), wrong) == 1.0  # verifier params first
+    assert exact_number(_ctx({}), right) is None  # nothing expected: abstain
+
+
+def test_command_exit_status_and_timeout(tmp_path):
+    ans = _interaction("a", "s", 0, "hello")
+    assert command(_ctx({}, command='test "$RLGATE_ANSWER" = hello'), ans) == 1.0
+    assert command(_ctx({}, command="exit 3"), ans) == -1.0
+    (tmp_path / "flag").write_text("x")
+    assert command(_ctx({}, command=["test", "-f", "flag"], cwd=str(tmp_path)), ans) == 1.0
+    started = time.monotonic()
+    assert command(_ctx({}, command="sleep 30", timeout_s=0.5), ans) == -1.0
+    assert time.monotonic() - started < 10
+    assert command(_ctx({}), ans) is None  # no command configured
+
+
+def test_selection_rules():
+    project = {"verifiers": [{"name": "command", "command": "make test", "cwd": "/srv"}]}
+    assert configured_verifiers(project, {}) == project["verifiers"]
+    assert configured_verifiers({}, {"verifier": "exact_number"}) == [{"name": "exact_number"}]
+    # session metadata names the verifier; a command comes from the project only
+    spec = configured_verifiers({}, {"verifier": {"name": "command", "command": "rm -rf /"}})
+    assert spec == [{"name": "command"}]
+    spec = configured_verifiers(project, {"verifiers": [{"name": "command", "cwd": "/tmp"}]})
+    assert spec == [{"name": "command", "command": "make test", "cwd": "/srv"}]
+    assert configured_verifiers({}, {}) == []
+    assert get_verifier("exact_number") is exact_number
+    assert get_verifier("no-such-verifier") is None
+
+
+@pytest.fixture
+def worker(db_url, migrated_db, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """A real `celery worker` process on a Redis broker and the test's database."""
+    from gateway.settings import get_settings
+
+    broker = f"redis://127.0.0.1:6379/{REDIS_DB}"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "RLGATE_DATABASE_URL": db_url,
+        "RLGATE_BROKER_URL": broker,
+        "RLGATE_DATA_DIR": str(tmp_path / "worker-data"),
+    }
+    monkeypatch.setenv("RLGATE_DATABASE_URL", db_url)
+    monkeypatch.setenv("RLGATE_BROKER_URL", broker)
+    get_settings.cache_clear()
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "trainer.celery_app", "worker",
+             "--pool=solo", "--loglevel=info", "--without-gossip", "--without-mingle",
+             "--without-heartbeat", "-n", f"verifier-test-{secrets.token_hex(3)}@%h"],
+            cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            yield migrated_db, log
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def test_closed_sessions_get_verifier_feedback_from_a_real_worker(worker):
+    factory, log = worker
+    tag = secrets.token_hex(4)
+    right, wrong, grp, cmd = (f"{n}-{tag}" for n in ("right", "wrong", "group", "cmd"))
+    with factory() as db, db.begin():
+        ensure_project(db, "p1")
+        ensure_project(db, "p2").settings = {
+            "verifiers": [
+                {
+                    "name": "command",
+                    "command": 'case "$RLGATE_ANSWER" in *42*) exit 0;; esac; exit 1',
+                }
+            ],
+            "credit_assignment": {"gamma": 0.5},
+        }
+        db.add(to_row(_session(right, verifier="exact_number", expected=42)))
+        db.add(to_row(_session(wrong, verifier="exact_number", expected=7)))
+        db.add(to_row(_session(grp, verifier="exact_number", expected=42)))
+        db.add(to_row(_session(cmd, "p2")))
+        db.flush()
+        db.add(to_row(_interaction(f"{right}-0", right, 0, "Let me think: 40")))
+        db.add(to_row(_interaction(f"{right}-1", right, 1, "The answer is 42.")))
+        db.add(to_row(_interaction(f"{wrong}-0", wrong, 0, "It is 8")))
+        for c, text in enumerate(["42", "41"]):
+            db.add(to_row(_interaction(f"{grp}.{c}", grp, c, text, group_id=grp, choice=c)))
+        db.add(to_row(_interaction(f"{cmd}-0", cmd, 0, "hmm", pid="p2")))
+        db.add(to_row(_interaction(f"{cmd}-1", cmd, 1, "it is 42", pid="p2")))
+    # the gateway's end / expiry paths close the session, then call the hook
+    for sid in (right, wrong, grp, cmd):
+        with factory() as db, db.begin():
+            db.get(SessionRow, sid).status = "closed"
+        assert on_session_closed(factory, sid) is True
+
+    deadline = time.monotonic() + 90
+    while True:
+        with factory() as db:
+            fb = db.scalars(select(FeedbackRow).where(FeedbackRow.source == "verifier")).all()
+        if len(fb) >= 5 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(fb) == 5, log.read_text()[-3000:]
+    got = {(f.target_type, f.target_id): (f.reward, f.rater) for f in fb}
+    assert got == {
+        ("session", right): (1.0, "exact_number"),
+        ("session", wrong): (-1.0, "exact_number"),
+        ("interaction", f"{grp}.0"): (1.0, "exact_number"),
+        ("interaction", f"{grp}.1"): (-1.0, "exact_number"),
+        ("session", cmd): (1.0, "command"),
+    }
+    with factory() as db:
+        rewards = dict(db.execute(select(InteractionRow.id, InteractionRow.reward)).all())
+    assert rewards[f"{right}-0"] == rewards[f"{right}-1"] == 1.0  # gamma 1.0 (p1 default)
+    assert rewards[f"{wrong}-0"] == -1.0
+    assert (rewards[f"{grp}.0"], rewards[f"{grp}.1"]) == (1.0, -1.0)
+    assert (rewards[f"{cmd}-0"], rewards[f"{cmd}-1"]) == (0.5, 1.0)  # gamma 0.5 (p2)
+
+    # no verifier configured: nothing is enqueued
+    plain = f"plain-{tag}"
+    with factory() as db, db.begin():
+        db.add(to_row(_session(plain)))
+    assert on_session_closed(factory, plain) is False

@@ -1,0 +1,336 @@
+"""Verifiers: reward functions that rate a closed session, run as Celery tasks.
+
+A verifier is a function ``(ctx: VerifierContext, answer: Interaction) -> float | None``:
+a reward in [-1, 1] for one final answer, or None to abstain. Verifiers are found by
+name in :data:`VERIFIERS` (built in: ``exact_number``, ``command``) and in the Python
+entry point group ``rlgate.verifiers``.
+
+Which verifiers run for a session: the ones named in the session's metadata
+(``"verifier": "exact_number"``, or ``"verifiers": [...]``, each a name or an object
+``{"name": ..., <params>}``), else the project's ``settings["verifiers"]``. Parameters
+from the project override the session's; the ``command`` verifier runs only commands
+configured in the project settings (an agent key can write session metadata, and must not
+be able to run commands on the workers).
+
+When a session closes, :func:`on_session_closed` re-runs credit assignment for it and,
+when a verifier is configured, enqueues :func:`verify_session`. The task scores the final
+turn: one answer -> one session-level feedback; an n>1 final turn -> one interaction
+feedback per member. Feedback has ``source="verifier"``, ``rater=<verifier name>`` and an
+idempotency key, so a redelivered task does not rate twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import signal
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib.metadata import entry_points
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from schemas.atdp import Interaction
+from schemas.atdp import Session as SessionRecord
+from schemas.convert import to_record
+from schemas.tables import InteractionRow, ProjectRow, SessionRow
+from trainer.celery_app import app
+
+log = logging.getLogger("rlgate.verifiers")
+
+ENTRY_POINT_GROUP = "rlgate.verifiers"
+TASK_NAME = "rlgate.verifiers.verify_session"
+TRUSTED_ONLY = {"command": ("command", "cwd", "timeout_s", "env")}
+
+
+@dataclass
+class VerifierContext:
+    session: SessionRecord
+    interactions: list[Interaction]
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def expected(self) -> Any:
+        """The expected answer: verifier params, then session metadata (``expected``,
+        or ``task.expected``)."""
+        if self.config.get("expected") is not None:
+            return self.config["expected"]
+        meta = self.session.metadata or {}
+        if meta.get("expected") is not None:
+            return meta["expected"]
+        task = meta.get("task")
+        if isinstance(task, dict):
+            return task.get("expected")
+        return None
+
+
+Verifier = Callable[[VerifierContext, Interaction], float | None]
+
+# ---- built-in verifiers --------------------------------------------------------------------
+
+_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+")
+
+
+def last_number(text: str | None) -> float | None:
+    if not text:
+        return None
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    try:
+        return float(found[-1].replace(",", ""))
+    except ValueError:
+        return None
+
+
+def exact_number(ctx: VerifierContext, answer: Interaction) -> float | None:
+    """+1 when the last number in the answer equals the expected number, else -1;
+    abstains when the session names no expected value."""
+    expected = ctx.expected
+    if expected is None:
+        return None
+    want = float(expected) if isinstance(expected, int | float) else last_number(str(expected))
+    if want is None:
+        return None
+    got = last_number(answer.output.text)
+    if got is None:
+        return -1.0
+    return 1.0 if math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9) else -1.0
+
+
+def command(ctx: VerifierContext, answer: Interaction) -> float | None:
+    """Runs ``command`` in ``cwd`` (project settings); exit status 0 -> +1, else -1, also
+    on timeout (``timeout_s``, default 60). The answer is passed in the environment:
+    RLGATE_ANSWER, RLGATE_EXPECTED, RLGATE_SESSION_ID, RLGATE_INTERACTION_ID,
+    RLGATE_TASK_ID."""
+    cmd = ctx.config.get("command")
+    if not cmd or not isinstance(cmd, str | list):
+        log.warning("command verifier without a 'command' in the project settings")
+        return None
+    timeout = float(ctx.config.get("timeout_s", 60))
+    env = {
+        **os.environ,
+        **{str(k): str(v) for k, v in (ctx.config.get("env") or {}).items()},
+        "RLGATE_ANSWER": answer.output.text or "",
+        "RLGATE_EXPECTED": "" if ctx.expected is None else str(ctx.expected),
+        "RLGATE_SESSION_ID": ctx.session.id,
+        "RLGATE_INTERACTION_ID": answer.id,
+        "RLGATE_TASK_ID": ctx.session.task_id or "",
+    }
+    proc = subprocess.Popen(
+        cmd,
+        shell=isinstance(cmd, str),
+        cwd=ctx.config.get("cwd") or None,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: a timeout kills all of it
+    )
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        log.info("command verifier timed out after %.0fs for %s", timeout, answer.id)
+        return -1.0
+    return 1.0 if rc == 0 else -1.0
+
+
+VERIFIERS: dict[str, Verifier] = {"exact_number": exact_number, "command": command}
+
+
+def get_verifier(name: str) -> Verifier | None:
+    if name in VERIFIERS:
+        return VERIFIERS[name]
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name:
+            return ep.load()
+    return None
+
+
+# ---- which verifiers run ---------------------------------------------------------------------
+
+
+def _specs(raw: Any) -> list[dict[str, Any]]:
+    if raw is None:
+        return []
+    items = raw if isinstance(raw, list) else [raw]
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            out.append({"name": item})
+        elif isinstance(item, dict) and isinstance(item.get("name"), str):
+            out.append(dict(item))
+    return out
+
+
+def configured_verifiers(
+    project_settings: dict[str, Any], session_meta: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The verifier specs for a session (each ``{"name": ..., <params>}``)."""
+    project = {s["name"]: s for s in _specs(project_settings.get("verifiers"))}
+    named = _specs(session_meta.get("verifiers")) or _specs(session_meta.get("verifier"))
+    if not named:
+        return list(project.values())
+    out = []
+    for spec in named:
+        name = spec["name"]
+        for key in TRUSTED_ONLY.get(name, ()):
+            spec.pop(key, None)
+        out.append({**spec, **project.get(name, {})})
+    return out
+
+
+# ---- running --------------------------------------------------------------------------------
+
+
+def _final_turn(interactions: list[Interaction]) -> list[Interaction]:
+    live = [i for i in interactions if i.finish_reason != "abort"]
+    if not live:
+        return []
+    last = max(live, key=lambda i: i.seq)
+    if last.group_id is None:
+        return [last]
+    return sorted((i for i in live if i.group_id == last.group_id), key=lambda i: i.choice_index)
+
+
+def run_verifiers(factory: sessionmaker[Session], session_id: str) -> list[dict[str, Any]]:
+    """Run the session's verifiers and store their feedback; returns the feedback JSON."""
+    from gateway.feedback import FeedbackInput, Scope, submit_feedback
+
+    with factory() as db:
+        srow = db.get(SessionRow, session_id)
+        if srow is None:
+            return []
+        session = to_record(srow)
+        project = db.get(ProjectRow, srow.project_id)
+        settings = dict(project.settings or {}) if project is not None else {}
+        interactions = [
+            to_record(r)
+            for r in db.scalars(
+                select(InteractionRow)
+                .where(InteractionRow.session_id == session_id)
+                .order_by(InteractionRow.seq)
+            ).all()
+        ]
+    assert isinstance(session, SessionRecord)
+    final = _final_turn(interactions)  # type: ignore[arg-type]
+    if not final:
+        return []
+    stored = []
+    for spec in configured_verifiers(settings, session.metadata or {}):
+        name = spec["name"]
+        fn = get_verifier(name)
+        if fn is None:
+            log.warning("unknown verifier %r for session %s", name, session_id)
+            continue
+        ctx = VerifierContext(session, interactions, spec)  # type: ignore[arg-type]
+        for answer in final:
+            try:
+                score = fn(ctx, answer)
+            except Exception:
+                log.exception("verifier %s failed on %s", name, answer.id)
+                continue
+            if score is None:
+                continue
+            score = max(-1.0, min(1.0, float(score)))
+            whole = len(final) == 1
+            target = "session" if whole else "interaction"
+            ref = session_id if whole else answer.id
+            inp = FeedbackInput(
+                target=target,
+                ref=ref,
+                value=score,
+                scale="scalar",
+                scale_min=-1.0,
+                scale_max=1.0,
+                reward=score,
+                source="verifier",
+                rater=name,
+                idempotency_key=f"verifier:{name}:{ref}",
+            )
+            try:
+                fb, _ = submit_feedback(
+                    factory, inp, scope=Scope(session.project_id, session_id), wait_s=0
+                )
+            except Exception as e:  # e.g. 409: a redelivered task scored differently
+                log.warning("verifier %s feedback on %s not stored: %s", name, ref, e)
+                continue
+            stored.append(fb)
+    return stored
+
+
+@lru_cache(maxsize=4)
+def _factory_for(url: str) -> sessionmaker[Session]:
+    from gateway.db import make_engine, session_factory
+
+    return session_factory(make_engine(url))
+
+
+@app.task(name=TASK_NAME, acks_late=True)
+def verify_session(session_id: str) -> int:
+    """Celery task: run the configured verifiers on a closed session."""
+    from gateway.settings import get_settings
+
+    factory = _factory_for(get_settings().effective_database_url)
+    return len(run_verifiers(factory, session_id))
+
+
+# ---- the hook ---------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=4)
+def _publisher_for(broker_url: str) -> Any:
+    from trainer.celery_app import make_celery
+
+    return make_celery()
+
+
+def _publisher() -> Any:
+    """The Celery app to send with: the worker app, unless the settings changed since it
+    was made (tests, embedding processes)."""
+    from gateway.settings import get_settings
+
+    url = get_settings().effective_broker_url
+    if app.conf.broker_url == url:
+        return app
+    return _publisher_for(url)
+
+
+def enqueue_verification(session_id: str) -> None:
+    _publisher().send_task(
+        TASK_NAME,
+        args=[session_id],
+        retry=True,
+        retry_policy={"max_retries": 3, "interval_start": 0, "interval_step": 0.5},
+    )
+
+
+def on_session_closed(factory: sessionmaker[Session], session_id: str) -> bool:
+    """Call after a session was closed or expired (after the commit). Re-runs credit
+    assignment (the ``wait`` policy settles now) and enqueues the verifier task when a
+    verifier is configured; returns whether it enqueued. Never raises."""
+    from trainer.credit import assign_rewards_tx
+
+    try:
+        with factory() as db:
+            srow = db.get(SessionRow, session_id)
+            if srow is None:
+                return False
+            project_id, meta = srow.project_id, dict(srow.meta or {})
+            project = db.get(ProjectRow, project_id)
+            settings = dict(project.settings or {}) if project is not None else {}
+        assign_rewards_tx(factory, project_id, session_id)
+        if not configured_verifiers(settings, meta):
+            return False
+        enqueue_verification(session_id)
+        return True
+    except Exception:
+        log.exception("session-closed hook failed for %s", session_id)
+        return False
