@@ -194,17 +194,18 @@ def test_saturated_engine_is_429_with_retry_after(sqlite_url, tmp_path, engine):
     h = {"Authorization": f"Bearer {secret}"}
     with (
         gateway(tmp_path / "gw", sqlite_url, engine.url, max_in_flight_per_engine="1") as gw,
-        httpx.Client(timeout=120) as c,c.stream(
-        "POST",
-        gw.url + "/v1/chat/completions",
-        headers=h,
-        json={
-            "messages": [{"role": "user", "content": "Tell a long story."}],
-            "max_tokens": 300,
-            "stream": True,
-            "temperature": 1.0,
-        },
-    ) as long
+        httpx.Client(timeout=120) as c,
+        c.stream(
+            "POST",
+            gw.url + "/v1/chat/completions",
+            headers=h,
+            json={
+                "messages": [{"role": "user", "content": "Tell a long story."}],
+                "max_tokens": 300,
+                "stream": True,
+                "temperature": 1.0,
+            },
+        ) as long,
     ):
         assert long.status_code == 200
         second = c.post(
