@@ -169,6 +169,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def models(request: Request) -> dict[str, Any]:
         gw = gw_of(request)
         await principal(request)
+        if "anthropic-version" in request.headers:  # Claude Code and the Anthropic SDK
+            from gateway.anthropic_messages import models_body
+
+            return models_body(gw.settings.served_model_name)
         return {
             "object": "list",
             "data": [

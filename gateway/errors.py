@@ -64,6 +64,8 @@ def error_style(request: Request) -> str:
     path = request.url.path
     if path.startswith("/v1/messages") or path.startswith("/messages"):
         return "anthropic"
+    if "anthropic-version" in request.headers:
+        return "anthropic"
     return "openai"
 
 
