@@ -181,6 +181,48 @@ def keys_revoke(key_id: str) -> None:
 
 
 @main.command()
+@click.option(
+    "--type",
+    "kind",
+    type=click.Choice(["interaction", "session", "feedback"]),
+    default="interaction",
+    show_default=True,
+    help="Record type to export.",
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default="jsonl", show_default=True
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="File to write (default: stdout for jsonl).",
+)
+@click.option("--project", default=None, help="Only this project.")
+@click.option(
+    "--since", type=click.DateTime(), default=None, help="Only records from then on (UTC)."
+)
+@click.option("--rated-only", is_flag=True, help="Only rated interactions / sessions.")
+@clean_errors
+def export(
+    kind: str, fmt: str, output: str | None, project: str | None, since: Any, rated_only: bool
+) -> None:
+    """Export ATDP v1 records (one JSON object per line, or Parquet)."""
+    from datetime import UTC
+    from pathlib import Path
+
+    from gateway.export import export as run_export
+
+    factory = _open_db()
+    since_utc = since.replace(tzinfo=UTC) if since else None
+    n = run_export(
+        factory, kind, fmt, Path(output) if output else None, project, since_utc, rated_only
+    )
+    click.echo(f"exported {n} {kind} records", err=True)
+
+
+@main.command()
 @click.option("--host", default=None, help="Bind address (default RLGATE_GATEWAY_HOST).")
 @click.option("--port", type=int, default=None, help="Port (default RLGATE_GATEWAY_PORT).")
 @clean_errors
