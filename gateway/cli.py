@@ -181,6 +181,69 @@ def keys_revoke(key_id: str) -> None:
 
 
 @main.command()
+@click.option("--minutes", type=float, default=20.0, show_default=True, help="How long to train.")
+@click.option("--port", type=int, default=8100, show_default=True, help="Gateway port.")
+@click.option("--engine-port", type=int, default=30100, show_default=True, help="Engine port.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where curve.json and curve.png go (default <data dir>/demo/out).",
+)
+@click.option("--eval-size", type=int, default=50, show_default=True, help="Held-out questions.")
+@click.option("--group", type=int, default=4, show_default=True, help="Answers per question (n).")
+@click.option(
+    "--concurrency",
+    type=int,
+    default=16,
+    show_default=True,
+    help="Requests in flight (the engine batches them).",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--require-swap", is_flag=True, help="Exit 1 unless an adapter was swapped in.")
+@clean_errors
+def demo(
+    minutes: float,
+    port: int,
+    engine_port: int,
+    out: str | None,
+    eval_size: int,
+    group: int,
+    concurrency: int,
+    seed: int,
+    require_swap: bool,
+) -> None:
+    """Watch an agent learn arithmetic: serve, rate, train, hot-swap, evaluate.
+
+    Runs the whole embedded stack on its own database under <data dir>/demo.
+    """
+    from pathlib import Path
+
+    from gateway.demo import run_demo
+
+    base = load_settings()
+    data_dir = base.data_dir / "demo"
+    settings = base.model_copy(update={"data_dir": data_dir, "database_url": "", "broker_url": ""})
+    # reuse the converted packaged model instead of converting it again
+    models = data_dir / "models"
+    if not models.exists() and (base.data_dir / "models").is_dir():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        models.symlink_to((base.data_dir / "models").resolve())
+    run_demo(
+        settings,
+        minutes,
+        port,
+        engine_port,
+        Path(out) if out else data_dir / "out",
+        eval_size,
+        group,
+        concurrency,
+        seed,
+        require_swap,
+    )
+
+
+@main.command()
 @click.option(
     "--type",
     "kind",
@@ -272,14 +335,14 @@ def _register_optional_commands() -> None:
     from engine.cli import engine_command
 
     main.add_command(engine_command, "engine")
-    try:
-        from trainer import cli as trainer_cli
-    except ImportError:
-        return  # the trainer has not landed yet
-    for name in ("worker_command", "train_command", "adapters_group"):
-        command = getattr(trainer_cli, name, None)
-        if command is not None:
-            main.add_command(command)
+    from trainer import cli as trainer_cli
+
+    for command in (
+        trainer_cli.worker_command,
+        trainer_cli.train_command,
+        trainer_cli.adapters_group,
+    ):
+        main.add_command(command)
 
 
 _register_optional_commands()

@@ -72,6 +72,9 @@ class Settings(BaseSettings):
     )
     engine_timeout_s: float = Field(600.0, gt=0, description="Timeout of one engine request.")
     tool_parser: str = Field("hermes", description="Tool-call format: hermes or llama3_json.")
+    train_tick_s: float = Field(
+        60.0, gt=0, description="Trainer beat interval (schedule, threshold, retries)."
+    )
     reasoning_parser: bool = Field(False, description="Split <think>...</think> into reasoning.")
 
     @classmethod

@@ -112,22 +112,40 @@ def snippets(base: str, agent_key: str, model: str) -> str:
 """
 
 
-def run_up(settings: Settings, port: int, engine_port: int, trainer: bool) -> None:
-    from gateway import migrate as mig
-    from gateway.db import make_engine, session_factory, transaction
-    from gateway.keys import create_key
+@dataclass
+class Stack:
+    """Engine, gateway and (optionally) trainer worker as child processes."""
 
+    children: list[Child]
+    base: str
+    engine_url: str
+    logs: Path
+    trainer_note: str
+
+    def check_alive(self) -> None:
+        for child in self.children:
+            if child.proc.poll() is not None:
+                raise click.ClickException(
+                    f"{child.name} stopped (code {child.proc.returncode}); last lines of "
+                    f"{child.log}:\n{_tail(child.log)}"
+                )
+
+    def stop(self) -> None:
+        _stop(self.children)
+
+
+def launch(
+    settings: Settings,
+    port: int,
+    engine_port: int,
+    trainer: bool,
+    extra_env: dict[str, str] | None = None,
+    engine_args: tuple[str, ...] = (),
+) -> Stack:
+    """Start the embedded stack on a migrated database; stops what started on failure."""
     data_dir = settings.data_dir.resolve()
     logs = data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    url = settings.effective_database_url
-    click.echo(f"rlgate up: data in {data_dir}", err=True)
-    mig.upgrade(url)
-    factory = session_factory(make_engine(url))
-    with transaction(factory) as db:
-        _, agent_key = create_key(db, settings.default_project, "agent", name="rlgate up")
-        _, admin_key = create_key(db, settings.default_project, "admin", name="rlgate up")
-
     engine_url = f"http://127.0.0.1:{engine_port}"
     base = f"http://{settings.gateway_host}:{port}"
     env = {
@@ -136,22 +154,17 @@ def run_up(settings: Settings, port: int, engine_port: int, trainer: bool) -> No
         "RLGATE_ENGINE_URLS": engine_url,
         "RLGATE_GATEWAY_PORT": str(port),
         "RLGATE_ENGINE_PORT": str(engine_port),
+        **(extra_env or {}),
     }
     children: list[Child] = []
-    stopping = False
-
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
     try:
         click.echo(
             "starting the engine (the first start converts the packaged model, about a minute) ...",
             err=True,
         )
-        children.append(_start("engine", ["-m", "engine", "--port", str(engine_port)], logs, env))
+        children.append(
+            _start("engine", ["-m", "engine", "--port", str(engine_port), *engine_args], logs, env)
+        )
         _wait_healthy(children[-1], engine_url, 600)
         click.echo("starting the gateway ...", err=True)
         children.append(
@@ -169,28 +182,53 @@ def run_up(settings: Settings, port: int, engine_port: int, trainer: bool) -> No
                     _start("worker", ["-m", "gateway.cli", "worker", "--beat"], logs, env)
                 )
                 trainer_note = f"trainer: Celery worker + schedule (log {logs / 'worker.log'})"
+    except BaseException:
+        _stop(children)
+        raise
+    return Stack(children, base, engine_url, logs, trainer_note)
+
+
+def run_up(settings: Settings, port: int, engine_port: int, trainer: bool) -> None:
+    from gateway import migrate as mig
+    from gateway.db import make_engine, session_factory, transaction
+    from gateway.keys import create_key
+
+    data_dir = settings.data_dir.resolve()
+    url = settings.effective_database_url
+    click.echo(f"rlgate up: data in {data_dir}", err=True)
+    mig.upgrade(url)
+    factory = session_factory(make_engine(url))
+    with transaction(factory) as db:
+        _, agent_key = create_key(db, settings.default_project, "agent", name="rlgate up")
+        _, admin_key = create_key(db, settings.default_project, "admin", name="rlgate up")
+
+    stopping = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    stack = launch(settings, port, engine_port, trainer)
+    try:
         model = settings.served_model_name
         click.echo(f"""
 rlgate is up.
-  base_url (OpenAI):     {base}/v1
-  base_url (Anthropic):  {base}
+  base_url (OpenAI):     {stack.base}/v1
+  base_url (Anthropic):  {stack.base}
   agent key:             {agent_key}
   admin key:             {admin_key}
-  admin dashboard:       {base}/admin   (log in with the admin key)
-  engine:                {engine_url}
-  {trainer_note}
-  logs:                  {logs}
-{snippets(base, agent_key, model)}
+  admin dashboard:       {stack.base}/admin   (log in with the admin key)
+  engine:                {stack.engine_url}
+  {stack.trainer_note}
+  logs:                  {stack.logs}
+{snippets(stack.base, agent_key, model)}
 Press Ctrl-C to stop.""")
         while not stopping:
-            for child in children:
-                if child.proc.poll() is not None:
-                    raise click.ClickException(
-                        f"{child.name} stopped (code {child.proc.returncode}); last lines of "
-                        f"{child.log}:\n{_tail(child.log)}"
-                    )
+            stack.check_alive()
             time.sleep(0.5)
         click.echo("\nstopping ...", err=True)
     finally:
-        _stop(children)
+        stack.stop()
     click.echo("stopped.", err=True)

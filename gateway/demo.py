@@ -1,0 +1,315 @@
+"""`rlgate demo`: watch an agent learn arithmetic through the gateway.
+
+The whole product runs: the embedded engine, the gateway, the Celery trainer with its
+schedule. An agent loop talks to the gateway over real HTTP with the OpenAI SDK on
+"What is a + b? Reply with only the number." (a, b in 1..20), `n` answers per question
+(a GRPO group); an exact-match verifier rates every answer through `POST /feedback`;
+training runs on its schedule and hot-swaps adapters; after every swap a held-out set is
+answered greedily through the gateway. Training traffic keeps flowing while the trainer
+works and while the held-out set is evaluated. Prints accuracy over time and writes
+`curve.json` and `curve.png`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+import httpx
+
+from gateway.settings import Settings
+
+PROMPT = "What is {a} + {b}? Reply with only the number."
+PROJECT = "demo"
+# Training settings of the demo project (Project.settings["training"], see trainer/config.py)
+TRAINING = {
+    "schedule_minutes": 0.25,
+    "threshold": 64,
+    "min_samples": 32,
+    "max_samples": 256,
+    "max_staleness": 2,
+    "lr": 2e-4,
+    "lora_rank": 16,
+    "lora_alpha": 32.0,
+    "num_minibatches": 2,
+}
+
+
+def exact_match(text: str | None, expected: int) -> bool:
+    """The answer is the number and nothing else (a trailing period is forgiven)."""
+    return (text or "").strip().rstrip(".").strip() == str(expected)
+
+
+def split_pairs(eval_size: int, seed: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    pairs = [(a, b) for a in range(1, 21) for b in range(1, 21)]
+    rng = random.Random(seed)
+    rng.shuffle(pairs)
+    return pairs[eval_size:], pairs[:eval_size]
+
+
+@dataclass
+class Curve:
+    started: float = field(default_factory=time.monotonic)
+    points: list[dict] = field(default_factory=list)
+    train_answers: int = 0
+    train_correct: int = 0
+
+    def add(self, version: str, accuracy: float, n: int) -> None:
+        self.points.append(
+            {
+                "minutes": round((time.monotonic() - self.started) / 60, 3),
+                "policy_version": version,
+                "heldout_accuracy": accuracy,
+                "heldout_n": n,
+                "train_answers": self.train_answers,
+            }
+        )
+
+
+class Demo:
+    def __init__(
+        self, base: str, agent_key: str, admin_key: str, group: int, concurrency: int, seed: int
+    ) -> None:
+        from openai import AsyncOpenAI
+
+        self.client = AsyncOpenAI(
+            base_url=f"{base}/v1", api_key=agent_key, max_retries=3, timeout=300
+        )
+        self.http = httpx.AsyncClient(
+            base_url=base, timeout=60, headers={"Authorization": f"Bearer {agent_key}"}
+        )
+        self.admin = {"Authorization": f"Bearer {admin_key}"}
+        self.group = group
+        self.concurrency = concurrency
+        self.rng = random.Random(seed)
+        self.version = "base"
+
+    async def ask(self, a: int, b: int, *, n: int, temperature: float) -> tuple[str, object]:
+        raw = await self.client.chat.completions.with_raw_response.create(
+            model="rlgate-policy",
+            messages=[{"role": "user", "content": PROMPT.format(a=a, b=b)}],
+            n=n,
+            temperature=temperature,
+            max_tokens=8,
+        )
+        return raw.headers.get("x-rlgate-policy-version", "?"), raw.parse()
+
+    async def train_worker(
+        self, pairs: list[tuple[int, int]], curve: Curve, stop: asyncio.Event
+    ) -> None:
+        while not stop.is_set():
+            a, b = self.rng.choice(pairs)
+            try:
+                _, resp = await self.ask(a, b, n=self.group, temperature=1.0)
+            except Exception as e:  # noqa: BLE001 - a demo keeps going, and says why
+                click.echo(f"  (request failed: {e}; retrying)", err=True)
+                await asyncio.sleep(1)
+                continue
+            for choice in resp.choices:
+                ok = exact_match(choice.message.content, a + b)
+                curve.train_answers += 1
+                curve.train_correct += ok
+                target = resp.id if self.group == 1 else f"{resp.id}.{choice.index}"
+                r = await self.http.post(
+                    "/feedback",
+                    json={
+                        "interaction_id": target,
+                        "value": 1 if ok else 0,
+                        "scale": "binary",
+                        "source": "verifier",
+                        "rater": "exact-match",
+                    },
+                )
+                if r.status_code >= 400:
+                    click.echo(f"  (feedback refused: {r.status_code} {r.text[:200]})", err=True)
+
+    async def evaluate(self, pairs: list[tuple[int, int]]) -> tuple[str, float]:
+        sem = asyncio.Semaphore(self.concurrency)
+        versions: set[str] = set()
+
+        async def one(a: int, b: int) -> bool:
+            async with sem:
+                version, resp = await self.ask(a, b, n=1, temperature=0.0)
+                versions.add(version)
+                return exact_match(resp.choices[0].message.content, a + b)
+
+        results = await asyncio.gather(*[one(a, b) for a, b in pairs])
+        return ",".join(sorted(versions)), sum(results) / len(results)
+
+    async def serving(self) -> str:
+        r = await self.http.get(
+            "/admin/api/adapters", params={"project": PROJECT}, headers=self.admin
+        )
+        if r.status_code != 200:
+            return self.version
+        for item in r.json()["items"]:
+            if item["status"] == "serving":
+                return item["name"]
+        return "base"
+
+
+async def _run(
+    base: str,
+    agent_key: str,
+    admin_key: str,
+    minutes: float,
+    eval_size: int,
+    group: int,
+    concurrency: int,
+    seed: int,
+    curve: Curve,
+    check_alive,
+) -> None:
+    train_pairs, eval_pairs = split_pairs(eval_size, seed)
+    demo = Demo(base, agent_key, admin_key, group, concurrency, seed)
+    click.echo(f"evaluating the base model on {len(eval_pairs)} held-out questions ...")
+    version, acc = await demo.evaluate(eval_pairs)
+    curve.add(version, acc, len(eval_pairs))
+    click.echo(f"[{0:5.1f} min] {version:>18s}  held-out accuracy {acc:6.1%}")
+    stop = asyncio.Event()
+    workers = [
+        asyncio.create_task(demo.train_worker(train_pairs, curve, stop))
+        for _ in range(max(1, concurrency // group))
+    ]
+    deadline = curve.started + minutes * 60
+    last_print = 0.0
+    try:
+        while time.monotonic() < deadline:
+            check_alive()
+            await asyncio.sleep(2)
+            now_serving = await demo.serving()
+            elapsed = (time.monotonic() - curve.started) / 60
+            if now_serving != demo.version:
+                demo.version = now_serving
+                version, acc = await demo.evaluate(eval_pairs)
+                curve.add(version, acc, len(eval_pairs))
+                click.echo(
+                    f"[{elapsed:5.1f} min] {version:>18s}  held-out accuracy {acc:6.1%}"
+                    f"   (trained on {curve.train_answers} rated answers)"
+                )
+            elif time.monotonic() - last_print > 30:
+                last_print = time.monotonic()
+                rate = curve.train_correct / max(1, curve.train_answers)
+                click.echo(
+                    f"[{elapsed:5.1f} min] {demo.version:>18s}  "
+                    f"{curve.train_answers} answers rated, {rate:.1%} correct while "
+                    "sampling"
+                )
+    finally:
+        stop.set()
+        await asyncio.gather(*workers, return_exceptions=True)
+        await demo.http.aclose()
+
+
+def plot(curve: Curve, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [p["minutes"] for p in curve.points]
+    ys = [100 * p["heldout_accuracy"] for p in curve.points]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    ax.plot(xs, ys, marker="o")
+    for p, x, y in zip(curve.points, xs, ys, strict=True):
+        ax.annotate(
+            p["policy_version"].split("-")[-1],
+            (x, y),
+            textcoords="offset points",
+            xytext=(0, 6),
+            ha="center",
+            fontsize=7,
+        )
+    ax.set_xlabel("minutes")
+    ax.set_ylabel("held-out accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run_demo(
+    settings: Settings,
+    minutes: float,
+    port: int,
+    engine_port: int,
+    out: Path,
+    eval_size: int,
+    group: int,
+    concurrency: int,
+    seed: int,
+    require_swap: bool,
+) -> None:
+    import platform
+
+    from gateway import migrate as mig
+    from gateway.db import make_engine, session_factory, transaction
+    from gateway.keys import create_key, ensure_project
+    from gateway.up import launch
+
+    mig.upgrade(settings.effective_database_url)
+    factory = session_factory(make_engine(settings.effective_database_url))
+    with transaction(factory) as db:
+        project = ensure_project(db, PROJECT)
+        project.settings = {**(project.settings or {}), "training": TRAINING}
+        _, agent_key = create_key(db, PROJECT, "agent", name="rlgate demo")
+        _, admin_key = create_key(db, PROJECT, "admin", name="rlgate demo")
+    stack = launch(
+        settings,
+        port,
+        engine_port,
+        trainer=True,
+        extra_env={"RLGATE_TRAIN_TICK_S": "5", "RLGATE_DEFAULT_PROJECT": PROJECT},
+        engine_args=("--max-running-requests", str(max(16, concurrency))),
+    )
+    click.echo(f"rlgate demo: {minutes:g} minutes, groups of {group}, logs in {stack.logs}")
+    curve = Curve()
+    try:
+        asyncio.run(
+            _run(
+                stack.base,
+                agent_key,
+                admin_key,
+                minutes,
+                eval_size,
+                group,
+                concurrency,
+                seed,
+                curve,
+                stack.check_alive,
+            )
+        )
+    finally:
+        stack.stop()
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    machine = f"{platform.machine()}, {__import__('os').cpu_count()} cores"
+    summary = {
+        "date": stamp,
+        "machine": machine,
+        "minutes": minutes,
+        "group_size": group,
+        "eval_size": eval_size,
+        "points": curve.points,
+        "train_answers": curve.train_answers,
+    }
+    (out / "curve.json").write_text(json.dumps(summary, indent=2))
+    plot(curve, out / "curve.png", f"rlgate demo, {stamp}, {machine}, {minutes:g} min")
+    first, last = curve.points[0], curve.points[-1]
+    best = max(p["heldout_accuracy"] for p in curve.points)
+    swaps = len({p["policy_version"] for p in curve.points}) - 1
+    click.echo(
+        f"\nheld-out accuracy: {first['heldout_accuracy']:.1%} (base) -> "
+        f"{last['heldout_accuracy']:.1%} (last), best {best:.1%}; {swaps} adapter "
+        f"swaps; {curve.train_answers} rated answers"
+    )
+    click.echo(f"wrote {out / 'curve.json'} and {out / 'curve.png'}")
+    if require_swap and (swaps < 1 or len(curve.points) < 2):
+        raise click.ClickException("no adapter was trained and swapped in within the time")

@@ -1,0 +1,138 @@
+"""Click commands of the trainer; ``gateway/cli.py`` registers them on ``rlgate``:
+``worker_command`` (``rlgate worker``), ``train_command`` (``rlgate train``),
+``adapters_group`` (``rlgate adapters list|rollback|promote``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import click
+
+from gateway.settings import get_settings
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+@click.command("worker")
+@click.option("--beat", is_flag=True, help="Also run the beat scheduler (periodic training).")
+@click.option("--concurrency", "-c", type=int, default=1, show_default=True)
+@click.option("--pool", default="solo", show_default=True, help="Celery pool (solo, prefork).")
+@click.option("--queues", "-Q", default="", help="Comma-separated queues (default: celery).")
+@click.option("--loglevel", "-l", default=None, help="Default: settings log_level.")
+def worker_command(beat: bool, concurrency: int, pool: str, queues: str, loglevel: str | None):
+    """Run a Celery worker that trains (the broker comes from the settings)."""
+    from trainer.celery_app import app
+
+    settings = get_settings()
+    level = loglevel or settings.log_level
+    _logging(level)
+    argv = [
+        "worker",
+        f"--loglevel={level.upper()}",
+        f"--pool={pool}",
+        f"--concurrency={concurrency}",
+    ]
+    if queues:
+        argv.append(f"--queues={queues}")
+    if beat:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        argv += ["--beat", f"--schedule={settings.data_dir / 'celerybeat-schedule'}"]
+    app.worker_main(argv)
+
+
+@click.command("train")
+@click.option("--once", is_flag=True, help="Train now in this process and exit.")
+@click.option(
+    "--project",
+    "-p",
+    "projects",
+    multiple=True,
+    help="Project id (repeatable); default: every project with samples.",
+)
+@click.option("--progress/--no-progress", default=True, show_default=True)
+def train_command(once: bool, projects: tuple[str, ...], progress: bool) -> None:
+    """Train on the rated samples waiting now (ignores the threshold).
+
+    With --once the run happens here; without it, it is queued for a worker.
+    """
+    from sqlalchemy import select
+
+    from schemas.tables import ProjectRow
+    from trainer import api, runner
+
+    settings = get_settings()
+    _logging(settings.log_level)
+    factory = runner.db_factory(settings)
+    if not projects:
+        with factory() as db:
+            projects = tuple(db.scalars(select(ProjectRow.id).order_by(ProjectRow.id)))
+    failed = False
+    for project_id in projects:
+        if once:
+            result = runner.run_training(
+                project_id, "manual", settings=settings, factory=factory, progress=progress
+            )
+            failed |= result.get("status") == "failed"
+        else:
+            result = {
+                "run_id": api.train_now(project_id, "cli", factory=factory),
+                "status": "queued",
+            }
+        click.echo(json.dumps({"project": project_id, **result}, default=str))
+    if failed:
+        sys.exit(1)
+
+
+@click.group("adapters")
+def adapters_group() -> None:
+    """List, roll back and promote adapter versions."""
+
+
+@adapters_group.command("list")
+@click.option("--project", "-p", default=None)
+@click.option("--json", "as_json", is_flag=True)
+def adapters_list(project: str | None, as_json: bool) -> None:
+    from trainer import runner
+
+    rows = runner.list_versions(project)
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    for r in rows:
+        click.echo(f"{r['project']:<16} v{r['version']:<4} {r['status']:<10} {r['name']}")
+
+
+def _serve(project: str, target: str, action: str) -> None:
+    from trainer import runner
+    from trainer.publish import PublishError
+
+    try:
+        result = runner.serve_version(project, target, actor="cli", action=action)
+    except (LookupError, PublishError) as e:
+        click.echo(f"rlgate: error: {e}", err=True)
+        sys.exit(2)
+    click.echo(json.dumps(result))
+
+
+@adapters_group.command("rollback")
+@click.option("--project", "-p", required=True)
+@click.argument("target")
+def adapters_rollback(project: str, target: str) -> None:
+    """Serve an earlier version again (TARGET: name or version number)."""
+    _serve(project, target, "adapter.rollback")
+
+
+@adapters_group.command("promote")
+@click.option("--project", "-p", required=True)
+@click.argument("target")
+def adapters_promote(project: str, target: str) -> None:
+    """Serve a given version (TARGET: name or version number)."""
+    _serve(project, target, "adapter.promote")

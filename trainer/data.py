@@ -1,0 +1,132 @@
+"""Which recorded interactions a run trains on, and the samples built from them.
+
+One sample per interaction: the rendered prompt (masked) followed by the sampled
+completion ids (trained), with the recorded per-token logprobs and temperature.
+Prefix-merging of a session branch into one sequence is not implemented.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass, field
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from schemas.tables import InteractionRow, PolicyVersionRow, SessionRow
+
+BASE_POLICY = "base"
+
+
+@dataclass
+class Sample:
+    interaction_id: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    behav_logprobs: list[float]
+    temperature: float
+    reward: float
+    group_key: str  # samples with the same key are normalized together
+    baseline_key: str  # running baseline of singletons (the session's task, or "_default")
+    advantage: float = 0.0
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+
+@dataclass
+class Selection:
+    samples: list[Sample] = field(default_factory=list)
+    serving_version: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+
+
+def policy_versions(db: Session, project_id: str) -> tuple[dict[str, int], int]:
+    """(adapter name -> version incl. 'base' -> 0, serving version or 0)."""
+    rows = db.execute(
+        select(PolicyVersionRow.name, PolicyVersionRow.version, PolicyVersionRow.status).where(
+            PolicyVersionRow.project_id == project_id
+        )
+    ).all()
+    versions = {BASE_POLICY: 0, **{name: v for name, v, _ in rows}}
+    serving = max((v for _, v, s in rows if s == "serving"), default=0)
+    return versions, serving
+
+
+def _trainable(project_id: str):  # type: ignore[no-untyped-def]
+    return (
+        InteractionRow.project_id == project_id,
+        InteractionRow.reward.is_not(None),
+        InteractionRow.consumed_by_run_id.is_(None),
+        InteractionRow.finish_reason != "abort",
+    )
+
+
+def fresh_versions(db: Session, project_id: str, max_staleness: int) -> list[str]:
+    versions, serving = policy_versions(db, project_id)
+    return [name for name, v in versions.items() if serving - v <= max_staleness]
+
+
+def count_trainable(db: Session, project_id: str, max_staleness: int) -> int:
+    """Rated, unconsumed, not aborted, fresh enough (the threshold trigger's count)."""
+    names = fresh_versions(db, project_id, max_staleness)
+    return int(
+        db.scalar(
+            select(func.count())
+            .select_from(InteractionRow)
+            .where(*_trainable(project_id), InteractionRow.policy_version.in_(names))
+        )
+        or 0
+    )
+
+
+def select_samples(
+    db: Session, project_id: str, *, max_staleness: int, max_samples: int, group_by_prompt: bool
+) -> Selection:
+    versions, serving = policy_versions(db, project_id)
+    out = Selection(serving_version=serving)
+    rows = db.execute(
+        select(InteractionRow, SessionRow.task_id)
+        .join(SessionRow, SessionRow.id == InteractionRow.session_id)
+        .where(*_trainable(project_id))
+        .order_by(InteractionRow.created_at, InteractionRow.id)
+    ).all()
+    for row, task_id in rows:
+        version = versions.get(row.policy_version)
+        if version is None:
+            out.skipped["unknown_policy"] += 1
+            continue
+        if serving - version > max_staleness:
+            out.skipped["stale"] += 1
+            continue
+        comp = list(row.completion_token_ids or [])
+        lps = list(row.completion_logprobs or [])
+        if not comp or len(comp) != len(lps) or not row.prompt_token_ids:
+            out.skipped["malformed"] += 1
+            continue
+        if len(out.samples) >= max_samples:
+            out.skipped["over_max_samples"] += 1
+            continue
+        prompt = list(row.prompt_token_ids)
+        if row.group_id:
+            group_key = f"group:{row.group_id}"
+        elif group_by_prompt:
+            digest = hashlib.sha1(str(prompt).encode()).hexdigest()[:16]
+            group_key = f"prompt:{digest}"
+        else:
+            group_key = f"single:{row.id}"
+        out.samples.append(
+            Sample(
+                interaction_id=row.id,
+                prompt_ids=prompt,
+                completion_ids=comp,
+                behav_logprobs=[float(x) for x in lps],
+                temperature=float(row.temperature or 0.0),
+                reward=float(row.reward),
+                group_key=group_key,
+                baseline_key=task_id or "_default",
+            )
+        )
+    return out

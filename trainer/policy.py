@@ -1,0 +1,201 @@
+"""The trainable policy: the engine's base weights + a PEFT LoRA adapter.
+
+- Base weights come from ``engine.model_files.resolve_model_dir`` (identical to the
+  engine's). CPU runs in float32, CUDA in bfloat16 (LoRA weights stay float32).
+- Warm start from the serving adapter's directory; the optimizer state is saved next to
+  the adapter (``optimizer.pt``) so periodic runs continue one optimization.
+- Forward passes pack several sequences into one row (``position_ids`` restart per
+  sequence; transformers then builds a block-diagonal causal mask) and apply the LM head
+  only at the positions that predict sampled tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.config import TrainConfig
+from trainer.data import Sample
+from trainer.loss import token_logprobs
+
+log = logging.getLogger("rlgate.trainer")
+
+OPTIMIZER_FILE = "optimizer.pt"
+STATE_FILE = "trainer_state.json"
+
+
+def pick_device() -> tuple[torch.device, torch.dtype]:
+    if torch.cuda.is_available():
+        return torch.device("cuda"), torch.bfloat16
+    return torch.device("cpu"), torch.float32
+
+
+@dataclass
+class Pack:
+    """Several samples concatenated into one row."""
+
+    samples: list[Sample]
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.length for s in self.samples)
+
+
+def make_packs(samples: list[Sample], budget: int) -> list[Pack]:
+    """First-fit-decreasing by length into rows of at most ``budget`` tokens (a longer
+    sample gets a row of its own)."""
+    bins: list[list[Sample]] = []
+    sizes: list[int] = []
+    for s in sorted(samples, key=lambda s: s.length, reverse=True):
+        for i, size in enumerate(sizes):
+            if size + s.length <= budget:
+                bins[i].append(s)
+                sizes[i] += s.length
+                break
+        else:
+            bins.append([s])
+            sizes.append(s.length)
+    return [Pack(b) for b in bins]
+
+
+def lora_config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    return {
+        "r": cfg.lora_rank,
+        "lora_alpha": cfg.lora_alpha,
+        "lora_dropout": cfg.lora_dropout,
+        "target_modules": sorted(cfg.target_modules),
+    }
+
+
+class Policy:
+    def __init__(self, model: Any, device: torch.device, warm_started_from: str | None) -> None:
+        self.model = model  # a peft.PeftModel
+        self.device = device
+        self.warm_started_from = warm_started_from
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.param_names = [n for n, p in model.named_parameters() if p.requires_grad]
+
+    # ---- loading / saving ------------------------------------------------------------
+
+    @classmethod
+    def load(cls, model_dir: Path, cfg: TrainConfig, warm_start: Path | None = None) -> Policy:
+        from peft import LoraConfig, PeftModel, get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        device, dtype = pick_device()
+        torch.manual_seed(cfg.seed)
+        base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device)
+        base.config.use_cache = False
+        source = None
+        if warm_start is not None and _compatible(warm_start, cfg):
+            model = PeftModel.from_pretrained(base, str(warm_start), is_trainable=True)
+            source = str(warm_start)
+        else:
+            if warm_start is not None:
+                log.warning("LoRA config changed since %s: starting a fresh adapter", warm_start)
+            lc = LoraConfig(
+                r=cfg.lora_rank,
+                lora_alpha=cfg.lora_alpha,
+                lora_dropout=cfg.lora_dropout,
+                target_modules=list(cfg.target_modules),
+                bias="none",
+                task_type="CAUSAL_LM",
+            )
+            model = get_peft_model(base, lc)
+        return cls(model, device, source)
+
+    def make_optimizer(self, cfg: TrainConfig, warm_start: Path | None) -> torch.optim.Optimizer:
+        opt = torch.optim.AdamW(
+            self.params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+        )
+        if warm_start is None or self.warm_started_from is None:
+            return opt
+        opt_file, state_file = warm_start / OPTIMIZER_FILE, warm_start / STATE_FILE
+        if opt_file.is_file() and state_file.is_file():
+            names = json.loads(state_file.read_text()).get("param_names")
+            if names == self.param_names:
+                state = torch.load(opt_file, map_location=self.device, weights_only=True)
+                opt.load_state_dict(state)
+                for group in opt.param_groups:  # this run's hyperparameters win
+                    group.update(lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+            else:
+                log.warning("optimizer state in %s does not fit: fresh optimizer", warm_start)
+        return opt
+
+    def save(self, out_dir: Path, opt: torch.optim.Optimizer, extra: dict[str, Any]) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(out_dir), safe_serialization=True)
+        torch.save(opt.state_dict(), out_dir / OPTIMIZER_FILE)
+        state = {"param_names": self.param_names, **extra}
+        (out_dir / STATE_FILE).write_text(json.dumps(state, indent=1))
+
+    # ---- forward ---------------------------------------------------------------------
+
+    def pack_logprobs(self, pack: Pack) -> list[torch.Tensor]:
+        """Per sample, logprobs of its completion tokens under the current model (with the
+        gradient if enabled), at each sample's recorded temperature."""
+        ids: list[int] = []
+        pos: list[int] = []
+        gather: list[int] = []
+        targets: list[int] = []
+        temps: list[float] = []
+        for s in pack.samples:
+            offset = len(ids)
+            seq = s.prompt_ids + s.completion_ids
+            ids.extend(seq)
+            pos.extend(range(len(seq)))
+            start = offset + len(s.prompt_ids) - 1
+            gather.extend(range(start, start + len(s.completion_ids)))
+            targets.extend(s.completion_ids)
+            temps.extend([s.temperature] * len(s.completion_ids))
+        dev = self.device
+        causal = self.model.get_base_model()
+        hidden = causal.get_decoder()(
+            input_ids=torch.tensor([ids], device=dev),
+            position_ids=torch.tensor([pos], device=dev),
+            attention_mask=None,
+            use_cache=False,
+        ).last_hidden_state[0]
+        h = hidden.index_select(0, torch.tensor(gather, device=dev))
+        logits = causal.get_output_embeddings()(h)
+        lp = token_logprobs(
+            logits, torch.tensor(targets, device=dev), torch.tensor(temps, device=dev)
+        )
+        return list(lp.split([len(s.completion_ids) for s in pack.samples]))
+
+    @torch.no_grad()
+    def logprobs(self, packs: list[Pack], adapter: bool = True) -> dict[str, torch.Tensor]:
+        """No-gradient logprobs by interaction id (proximal, or base with the adapter off)."""
+        was_training = self.model.training
+        self.model.eval()
+        out: dict[str, torch.Tensor] = {}
+        try:
+            for pack in packs:
+                if adapter:
+                    lps = self.pack_logprobs(pack)
+                else:
+                    with self.model.disable_adapter():
+                        lps = self.pack_logprobs(pack)
+                for s, lp in zip(pack.samples, lps, strict=True):
+                    out[s.interaction_id] = lp.float()
+        finally:
+            self.model.train(was_training)
+        return out
+
+
+def _compatible(adapter_dir: Path, cfg: TrainConfig) -> bool:
+    try:
+        saved = json.loads((adapter_dir / "adapter_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    targets = saved.get("target_modules") or []
+    return (
+        int(saved.get("r", -1)) == cfg.lora_rank
+        and float(saved.get("lora_alpha", -1)) == float(cfg.lora_alpha)
+        and sorted(targets) == sorted(cfg.target_modules)
+    )

@@ -1,0 +1,216 @@
+"""Publishing adapters: load into every engine, switch the serving pointer, unload the old.
+
+- ``load_everywhere``: ``POST /load_lora_adapter {lora_name, lora_path}`` on each engine of
+  ``settings.engine_url_list``; an engine that already has that name counts as loaded, so
+  a retried publish is idempotent.
+- ``switch_serving``: one transaction: the project's ``serving`` version -> ``retired``,
+  the new one -> ``serving``, plus an AuditEvent (``adapter.promote`` / ``adapter.rollback``).
+- ``unload_everywhere``: afterwards, ``POST /unload_lora_adapter`` for the old name (the
+  embedded engine waits for requests still using it); failures are logged, not fatal.
+- Optional eval gate (``training.eval_gate``): held-out prompts, greedy through the engine
+  with the new and the serving adapter, scored by a verifier; promote only if
+  ``new >= old - margin``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.db import transaction
+from gateway.keys import audit
+from schemas.coltypes import utcnow
+from schemas.tables import PolicyVersionRow, TrainingRunRow
+
+log = logging.getLogger("rlgate.trainer")
+TIMEOUT_S = 660.0  # the embedded engine's unload waits up to 600 s for running requests
+
+
+class PublishError(Exception):
+    """An engine refused or could not be reached; the message says which and why."""
+
+
+def _engine_adapters(client: httpx.Client, url: str) -> set[str]:
+    r = client.get(f"{url}/v1/models")
+    r.raise_for_status()
+    return {m["id"] for m in r.json().get("data", [])[1:]}
+
+
+def load_everywhere(engine_urls: list[str], name: str, path: str) -> None:
+    errors = []
+    with httpx.Client(timeout=TIMEOUT_S) as client:
+        for url in engine_urls:
+            try:
+                r = client.post(
+                    f"{url}/load_lora_adapter", json={"lora_name": name, "lora_path": path}
+                )
+                body = r.json() if r.content else {}
+                if r.status_code == 200 and body.get("success", True):
+                    continue
+                message = body.get("error_message") or body.get("error") or r.text
+                if name in (body.get("loaded_adapters") or {}) or "already loaded" in str(message):
+                    continue  # loaded by an earlier attempt
+                errors.append(f"{url}: {message}")
+            except (httpx.HTTPError, ValueError) as e:
+                errors.append(f"{url}: {type(e).__name__}: {e}")
+    if errors:
+        raise PublishError(f"engine refused adapter {name}: " + "; ".join(errors))
+
+
+def unload_everywhere(engine_urls: list[str], name: str) -> list[str]:
+    errors = []
+    with httpx.Client(timeout=TIMEOUT_S) as client:
+        for url in engine_urls:
+            try:
+                r = client.post(f"{url}/unload_lora_adapter", json={"lora_name": name})
+                if r.status_code != 200:
+                    errors.append(f"{url}: {r.text[:300]}")
+            except httpx.HTTPError as e:
+                errors.append(f"{url}: {e}")
+    for e in errors:
+        log.warning("unload of %s failed: %s", name, e)
+    return errors
+
+
+def ensure_serving_loaded(factory: sessionmaker[Session], engine_urls: list[str]) -> list[str]:
+    """Reload serving adapters an engine lost (e.g. after an engine restart)."""
+    with factory() as db:
+        rows = db.scalars(select(PolicyVersionRow).where(PolicyVersionRow.status == "serving"))
+        serving = [(r.name, r.path) for r in rows]
+    reloaded = []
+    with httpx.Client(timeout=30) as client:
+        for url in engine_urls:
+            try:
+                present = _engine_adapters(client, url)
+            except (httpx.HTTPError, ValueError):
+                continue
+            for name, path in serving:
+                if name not in present:
+                    try:
+                        load_everywhere([url], name, path)
+                        reloaded.append(f"{url}:{name}")
+                    except PublishError as e:
+                        log.warning("%s", e)
+    return reloaded
+
+
+def switch_serving(
+    factory: sessionmaker[Session],
+    project_id: str,
+    version_id: str,
+    *,
+    actor: str,
+    action: str,
+    run_id: str | None = None,
+    require_newer: bool = False,
+) -> str | None:
+    """Atomically make ``version_id`` the project's serving version; returns the name of
+    the version it replaced (None if none). ``require_newer``: only if its version number
+    is above the serving one (a late publish retry never replaces a newer version)."""
+    with transaction(factory) as db:
+        target = db.get(PolicyVersionRow, version_id)
+        if target is None or target.project_id != project_id:
+            raise LookupError(f"no policy version {version_id} in project {project_id}")
+        old = db.scalars(
+            select(PolicyVersionRow).where(
+                PolicyVersionRow.project_id == project_id,
+                PolicyVersionRow.status == "serving",
+                PolicyVersionRow.id != version_id,
+            )
+        ).all()
+        if require_newer and any(o.version > target.version for o in old):
+            raise PublishError(
+                f"{target.name} is older than the serving {old[0].name}; not promoted"
+            )
+        db.execute(
+            update(PolicyVersionRow)
+            .where(
+                PolicyVersionRow.project_id == project_id,
+                PolicyVersionRow.status == "serving",
+                PolicyVersionRow.id != version_id,
+            )
+            .values(status="retired")
+        )
+        target.status = "serving"
+        target.promoted_at = utcnow()
+        if run_id:
+            db.execute(
+                update(TrainingRunRow)
+                .where(TrainingRunRow.id == run_id)
+                .values(status="published", error=None, finished_at=utcnow())
+            )
+        previous = old[0].name if old else None
+        audit(
+            db,
+            actor,
+            action,
+            project_id,
+            "policy_version",
+            target.id,
+            {
+                "name": target.name,
+                "version": target.version,
+                "previous": previous,
+                "run_id": run_id,
+            },
+        )
+        return previous
+
+
+# ---- eval gate ----------------------------------------------------------------------
+
+
+def contains_answer(text: str, item: dict[str, Any]) -> float:
+    """Default verifier: 1 if the expected answer appears in the output."""
+    return 1.0 if str(item.get("answer", "")).strip().lower() in text.lower() else 0.0
+
+
+def _verifier(spec: str | None) -> Callable[[str, dict[str, Any]], float]:
+    if not spec:
+        return contains_answer
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+
+
+def eval_score(engine_url: str, adapter: str | None, gate: dict[str, Any]) -> float:
+    verify = _verifier(gate.get("verifier"))
+    items = gate.get("prompts") or []
+    if not items:
+        return 0.0
+    total = 0.0
+    with httpx.Client(timeout=TIMEOUT_S) as client:
+        for item in items:
+            body: dict[str, Any] = {
+                "lora_path": adapter,
+                "sampling_params": {
+                    "temperature": 0,
+                    "max_new_tokens": int(gate.get("max_new_tokens", 32)),
+                },
+            }
+            if "input_ids" in item:
+                body["input_ids"] = item["input_ids"]
+            else:
+                body["text"] = item["prompt"]
+            r = client.post(f"{engine_url}/generate", json=body)
+            r.raise_for_status()
+            total += float(verify(r.json()["text"], item))
+    return total / len(items)
+
+
+def eval_gate(
+    engine_url: str, new: str, serving: str | None, gate: dict[str, Any]
+) -> tuple[bool, dict[str, Any]]:
+    """(promote?, metrics). Off unless ``gate["enabled"]``."""
+    if not gate.get("enabled"):
+        return True, {}
+    new_score = eval_score(engine_url, new, gate)
+    old_score = eval_score(engine_url, serving, gate)
+    margin = float(gate.get("margin", 0.0))
+    ok = new_score >= old_score - margin
+    return ok, {"eval_new": new_score, "eval_serving": old_score, "eval_margin": margin}

@@ -1,0 +1,59 @@
+"""Celery tasks of the trainer and the beat schedule.
+
+- ``rlgate.train_project(project_id, trigger, run_id)``: one run (idempotent: a finished
+  ``run_id`` is not redone; a second run of a busy project is skipped).
+- ``rlgate.tick()``: the beat job (every ``RLGATE_TRAIN_TICK_S`` seconds, default 60):
+  re-publish runs left ``trained-not-published``, reload serving adapters an engine lost,
+  and start runs that are due (threshold reached, or the schedule with >= min_samples).
+- ``rlgate.retry_publish()``: only the re-publish part.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from trainer import runner
+from trainer.celery_app import app
+
+log = logging.getLogger("rlgate.trainer")
+
+TRAIN_TASK = "rlgate.train_project"
+TICK_S = float(os.environ.get("RLGATE_TRAIN_TICK_S", "60"))
+
+app.conf.beat_schedule = {
+    **(app.conf.beat_schedule or {}),
+    "rlgate-trainer-tick": {"task": "rlgate.tick", "schedule": TICK_S},
+}
+
+
+@app.task(name=TRAIN_TASK, acks_late=True)
+def train_project(
+    project_id: str, trigger: str = "manual", run_id: str | None = None
+) -> dict[str, Any]:
+    result = runner.run_training(project_id, trigger, run_id)
+    return {k: v for k, v in result.items() if k != "steps"}
+
+
+@app.task(name="rlgate.retry_publish")
+def retry_publish() -> list[str]:
+    return runner.retry_publish()
+
+
+@app.task(name="rlgate.tick")
+def tick() -> dict[str, Any]:
+    from gateway.settings import get_settings
+    from trainer.publish import ensure_serving_loaded
+
+    settings = get_settings()
+    factory = runner.db_factory(settings)
+    published = runner.retry_publish(settings, factory)
+    reloaded = ensure_serving_loaded(factory, settings.engine_url_list)
+    started = []
+    for project_id, trigger in runner.due_projects(factory):
+        train_project.delay(project_id, trigger)
+        started.append(f"{project_id}:{trigger}")
+    if published or reloaded or started:
+        log.info("tick: published=%s reloaded=%s started=%s", published, reloaded, started)
+    return {"published": published, "reloaded": reloaded, "started": started}

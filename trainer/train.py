@@ -1,0 +1,140 @@
+"""The optimization loop of one run: proximal (and base) logprobs, then PPO steps."""
+
+from __future__ import annotations
+
+import logging
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+from tqdm.auto import tqdm
+
+from trainer.config import TrainConfig
+from trainer.data import Sample
+from trainer.loss import ppo_loss
+from trainer.policy import Policy, make_packs
+
+log = logging.getLogger("rlgate.trainer")
+
+
+def _stats(values: list[float], prefix: str) -> dict[str, float]:
+    if not values:
+        return {}
+    return {
+        f"{prefix}_mean": statistics.fmean(values),
+        f"{prefix}_std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+        f"{prefix}_min": min(values),
+        f"{prefix}_max": max(values),
+    }
+
+
+def _pad(rows: list[torch.Tensor]) -> torch.Tensor:
+    return pad_sequence(rows, batch_first=True)
+
+
+def train(
+    policy: Policy,
+    opt: torch.optim.Optimizer,
+    samples: list[Sample],
+    cfg: TrainConfig,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Run ``epochs * num_minibatches`` optimizer steps; returns per-step metrics."""
+    loss_cfg = cfg.loss_config()
+    dev = policy.device
+    all_packs = make_packs(samples, cfg.micro_batch_tokens)
+    prox = policy.logprobs(all_packs, adapter=True)
+    ref = policy.logprobs(all_packs, adapter=False) if cfg.kl_coef else None
+    rng = random.Random(cfg.seed)
+    n_mb = min(cfg.num_minibatches, len(samples))
+    steps: list[dict[str, Any]] = []
+    total = cfg.epochs * n_mb
+    bar = tqdm(total=total, desc="train", unit="step", file=sys.stderr, disable=not progress)
+    policy.model.train()
+    for epoch in range(cfg.epochs):
+        order = samples[:]
+        rng.shuffle(order)
+        for mb_index in range(n_mb):
+            batch = order[mb_index::n_mb]
+            started = time.perf_counter()
+            packs = make_packs(batch, cfg.micro_batch_tokens)
+            num_tokens = float(sum(len(s.completion_ids) for s in batch))
+            num_seqs = float(len(batch))
+            opt.zero_grad(set_to_none=True)
+            loss_total = 0.0
+            agg: dict[str, float] = {}
+            seen_tokens = 0
+            for pack in packs:
+                logps = policy.pack_logprobs(pack)
+                ss = pack.samples
+                mask = _pad([torch.ones(len(s.completion_ids), dtype=torch.bool) for s in ss])
+                loss, m = ppo_loss(
+                    _pad([lp.float() for lp in logps]),
+                    _pad([prox[s.interaction_id] for s in ss]).to(dev),
+                    _pad([torch.tensor(s.behav_logprobs) for s in ss]).to(dev),
+                    torch.tensor([s.advantage for s in ss], device=dev),
+                    mask.to(dev),
+                    loss_cfg,
+                    ref_logp=_pad([ref[s.interaction_id] for s in ss]).to(dev) if ref else None,
+                    num_tokens=num_tokens,
+                    num_seqs=num_seqs,
+                )
+                loss.backward()
+                loss_total += float(loss.detach())
+                for k, v in m.items():
+                    if k in ("iw_max", "iw_min"):
+                        pick = max if k == "iw_max" else min
+                        agg[k] = pick(agg.get(k, v), v)
+                    elif k != "tokens":
+                        agg[k] = agg.get(k, 0.0) + v * m["tokens"]
+                seen_tokens += pack.tokens
+            for k in ("clip_frac", "ratio_mean", "iw_mean", "masked_frac", "kl"):
+                agg[k] = agg.get(k, 0.0) / max(num_tokens, 1.0)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.params, cfg.max_grad_norm))
+            if cfg.step_delay_s:
+                time.sleep(cfg.step_delay_s)
+            opt.step()
+            elapsed = time.perf_counter() - started
+            metrics: dict[str, Any] = {
+                "step": len(steps) + 1,
+                "epoch": epoch,
+                "loss": loss_total,
+                **_stats([s.reward for s in batch], "reward"),
+                **_stats([s.advantage for s in batch], "adv"),
+                **agg,
+                "grad_norm": grad_norm,
+                "num_seqs": int(num_seqs),
+                "num_tokens": int(num_tokens),
+                "packed_tokens": seen_tokens,
+                "micro_batches": len(packs),
+                "seconds": elapsed,
+                "tokens_per_s": seen_tokens / elapsed if elapsed > 0 else 0.0,
+                "lr": opt.param_groups[0]["lr"],
+            }
+            steps.append(metrics)
+            log.info(
+                "step %d/%d loss=%.4f reward=%.3f clip=%.3f iw=%.3f masked=%.3f kl=%.4f "
+                "gnorm=%.3f tok/s=%.0f",
+                metrics["step"],
+                total,
+                metrics["loss"],
+                metrics.get("reward_mean", 0.0),
+                agg["clip_frac"],
+                agg["iw_mean"],
+                agg["masked_frac"],
+                agg["kl"],
+                grad_norm,
+                metrics["tokens_per_s"],
+            )
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_total:.4f}")
+            if on_step is not None:
+                on_step(metrics)
+    bar.close()
+    return steps
