@@ -96,8 +96,9 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
 
     def spawn(cmd: list[str], log: str, extra: dict[str, str] | None = None) -> subprocess.Popen:
-        p = subprocess.Popen(cmd, env={**env, **(extra or {})}, cwd=tmp,
-                             stdout=open(tmp / log, "wb"), stderr=subprocess.STDOUT)
+        out = open(tmp / log, "wb")  # noqa: SIM115 - lives as long as the process
+        p = subprocess.Popen(cmd, env={**env, **(extra or {})}, cwd=tmp, stdout=out,
+                             stderr=subprocess.STDOUT)
         procs.append(p)
         return p
 
