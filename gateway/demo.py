@@ -26,6 +26,8 @@ from gateway.settings import Settings
 
 PROMPT = "What is {a} + {b}? Reply with only the number."
 PROJECT = "demo"
+SAMPLING_TEMPERATURE = 0.8
+MAX_TOKENS = 16
 # Training settings of the demo project (Project.settings["training"], see trainer/config.py)
 TRAINING = {
     "schedule_minutes": 0.25,
@@ -43,6 +45,21 @@ TRAINING = {
 def exact_match(text: str | None, expected: int) -> bool:
     """The answer is the number and nothing else (a trailing period is forgiven)."""
     return (text or "").strip().rstrip(".").strip() == str(expected)
+
+
+def score(text: str | None, expected: int) -> float:
+    """The verifier. 1 for exactly the number; partial credit gives the small base model
+    (which almost never answers tersely and correctly) a gradient: 0.5 when the right
+    number is there among other words, 0.25 for a bare number that is wrong, else 0."""
+    if exact_match(text, expected):
+        return 1.0
+    from trainer.verifiers import last_number
+
+    got = last_number(text)
+    if got is not None and got == expected:
+        return 0.5
+    bare = (text or "").strip().rstrip(".").strip()
+    return 0.25 if bare.isdigit() else 0.0
 
 
 def split_pairs(eval_size: int, seed: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -95,7 +112,7 @@ class Demo:
             messages=[{"role": "user", "content": PROMPT.format(a=a, b=b)}],
             n=n,
             temperature=temperature,
-            max_tokens=8,
+            max_tokens=MAX_TOKENS,
         )
         return raw.headers.get("x-rlgate-policy-version", "?"), raw.parse()
 
@@ -105,22 +122,22 @@ class Demo:
         while not stop.is_set():
             a, b = self.rng.choice(pairs)
             try:
-                _, resp = await self.ask(a, b, n=self.group, temperature=1.0)
+                _, resp = await self.ask(a, b, n=self.group, temperature=SAMPLING_TEMPERATURE)
             except Exception as e:  # noqa: BLE001 - a demo keeps going, and says why
                 click.echo(f"  (request failed: {e}; retrying)", err=True)
                 await asyncio.sleep(1)
                 continue
             for choice in resp.choices:
-                ok = exact_match(choice.message.content, a + b)
+                value = score(choice.message.content, a + b)
                 curve.train_answers += 1
-                curve.train_correct += ok
+                curve.train_correct += value == 1.0
                 target = resp.id if self.group == 1 else f"{resp.id}.{choice.index}"
                 r = await self.http.post(
                     "/feedback",
                     json={
                         "interaction_id": target,
-                        "value": 1 if ok else 0,
-                        "scale": "binary",
+                        "value": value,
+                        "scale": "scalar",
                         "source": "verifier",
                         "rater": "exact-match",
                     },
