@@ -43,8 +43,9 @@ class Proc:
             self.proc.wait(timeout=30)
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float,
-                  ok: tuple[int, ...] = (200,)) -> None:
+def _wait_healthy(
+    url: str, proc: subprocess.Popen, log: Path, timeout: float, ok: tuple[int, ...] = (200,)
+) -> None:
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:

@@ -335,8 +335,10 @@ def dash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dash]:
         engine.dispose()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Module-scoped: Playwright's sync API keeps an event loop running in this thread
+    while it is open, which would break later tests that call asyncio.run()."""
     if not Path(CHROMIUM).exists() or shutil.which(CHROMIUM) is None:
         pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium chromium-driver")
     from playwright.sync_api import sync_playwright

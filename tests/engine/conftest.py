@@ -47,9 +47,23 @@ def engine_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     log_path = data_dir / "engine.log"
     env = {**os.environ, "RLGATE_DATA_DIR": str(data_dir), "PYTHONPATH": str(REPO)}
     cmd = [
-        sys.executable, "-m", "engine", "--port", str(port), "--data-dir", str(CACHE_DIR),
-        "--max-lora-rank", str(MAX_LORA_RANK), "--max-loaded-loras", "3",
-        "--max-running-requests", "8", "--context-length", "1024", "--log-level", "warning",
+        sys.executable,
+        "-m",
+        "engine",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(CACHE_DIR),
+        "--max-lora-rank",
+        str(MAX_LORA_RANK),
+        "--max-loaded-loras",
+        "3",
+        "--max-running-requests",
+        "8",
+        "--context-length",
+        "1024",
+        "--log-level",
+        "warning",
     ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -109,22 +123,32 @@ def chat_ids(tokenizer) -> list[list[int]]:  # type: ignore[no-untyped-def]
         "Say hello in Spanish.",
     ]
     return [
-        list(tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
-            return_dict=False,
-        ))
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": q}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
+        )
         for q in questions
     ]
 
 
-def _make_adapter(model_dir: Path, out: Path, rank: int, seed: int,
-                  targets: tuple[str, ...]) -> Path:
+def _make_adapter(
+    model_dir: Path, out: Path, rank: int, seed: int, targets: tuple[str, ...]
+) -> Path:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets),
-                        lora_dropout=0.0, task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        target_modules=list(targets),
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
+    )
     peft_model = get_peft_model(model, config)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -141,8 +165,7 @@ def adapter_dirs(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> d
     return {
         "a": _make_adapter(model_dir, root / "a", 8, 1, LORA_TARGETS),
         "b": _make_adapter(model_dir, root / "b", 4, 2, ("q_proj", "v_proj", "down_proj")),
-        "too_big": _make_adapter(model_dir, root / "too_big", 2 * MAX_LORA_RANK, 3,
-                                 ("q_proj",)),
+        "too_big": _make_adapter(model_dir, root / "too_big", 2 * MAX_LORA_RANK, 3, ("q_proj",)),
     }
 
 
@@ -152,8 +175,9 @@ def loaded_adapters(client: httpx.Client, adapter_dirs: dict[str, Path]) -> dict
     names = {}
     for key in ("a", "b"):
         name = f"test-{key}"
-        r = client.post("/load_lora_adapter",
-                        json={"lora_name": name, "lora_path": str(adapter_dirs[key])})
+        r = client.post(
+            "/load_lora_adapter", json={"lora_name": name, "lora_path": str(adapter_dirs[key])}
+        )
         assert r.status_code == 200, r.text
         names[key] = name
     return names
@@ -168,10 +192,14 @@ def _generate(client: httpx.Client, **body: object) -> Any:
 @torch.inference_mode()
 def _hf_greedy(model: Any, ids: list[int], max_new_tokens: int, eos: list[int]) -> list[int]:
     out = model.generate(
-        torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-        max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos[0],
+        torch.tensor([ids]),
+        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=eos[0],
     )
-    return list(out[0, len(ids):].tolist())
+    return list(out[0, len(ids) :].tolist())
 
 
 @pytest.fixture(scope="session")

@@ -19,11 +19,13 @@ EOS = [2]  # <|im_end|>: the tokenizer's eos and generation_config's eos of Smol
 def test_greedy_equals_transformers(generate, hf_greedy, client, hf_model, chat_ids) -> None:  # type: ignore[no-untyped-def]
     for ids in chat_ids[:3]:
         expected = hf_greedy(hf_model, ids, 24, EOS)
-        out = generate(client, input_ids=ids,
-                       sampling_params={"temperature": 0, "max_new_tokens": 24})
+        out = generate(
+            client, input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 24}
+        )
         assert out["output_ids"] == expected
-        again = generate(client, input_ids=ids,
-                         sampling_params={"temperature": 0, "max_new_tokens": 24})
+        again = generate(
+            client, input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 24}
+        )
         assert again["output_ids"] == out["output_ids"]
         meta = out["meta_info"]
         assert meta["prompt_tokens"] == len(ids)
@@ -34,11 +36,15 @@ def test_greedy_equals_transformers(generate, hf_greedy, client, hf_model, chat_
             assert meta["finish_reason"]["type"] == "length"
 
 
-def _recompute_logprobs(model, prompt: list[int], output: list[int],  # type: ignore[no-untyped-def]
-                        temperature: float) -> torch.Tensor:
+def _recompute_logprobs(
+    model,
+    prompt: list[int],
+    output: list[int],  # type: ignore[no-untyped-def]
+    temperature: float,
+) -> torch.Tensor:
     with torch.inference_mode():
         logits = model(torch.tensor([prompt + output])).logits[0].float()
-    step_logits = logits[len(prompt) - 1: len(prompt) + len(output) - 1]
+    step_logits = logits[len(prompt) - 1 : len(prompt) + len(output) - 1]
     scale = temperature if temperature > 0 else 1.0
     return torch.log_softmax(step_logits / scale, dim=-1)
 
@@ -47,9 +53,17 @@ def _recompute_logprobs(model, prompt: list[int], output: list[int],  # type: ig
 def test_logprobs_match_recomputation(generate, client, hf_model, chat_ids, temperature) -> None:  # type: ignore[no-untyped-def]
     ids = chat_ids[1]
     out = generate(
-        client, input_ids=ids, return_logprob=True, top_logprobs_num=3,
-        sampling_params={"temperature": temperature, "top_p": 0.9, "top_k": 40,
-                         "max_new_tokens": 20, "seed": 7},
+        client,
+        input_ids=ids,
+        return_logprob=True,
+        top_logprobs_num=3,
+        sampling_params={
+            "temperature": temperature,
+            "top_p": 0.9,
+            "top_k": 40,
+            "max_new_tokens": 20,
+            "seed": 7,
+        },
     )
     meta = out["meta_info"]
     out_ids = out["output_ids"]
@@ -68,8 +82,10 @@ def test_logprobs_match_recomputation(generate, client, hf_model, chat_ids, temp
 
 
 def test_seeded_sampling_is_reproducible(generate, client, chat_ids) -> None:  # type: ignore[no-untyped-def]
-    body = {"input_ids": chat_ids[0],
-            "sampling_params": {"temperature": 1.0, "max_new_tokens": 12, "seed": 123}}
+    body = {
+        "input_ids": chat_ids[0],
+        "sampling_params": {"temperature": 1.0, "max_new_tokens": 12, "seed": 123},
+    }
     assert generate(client, **body)["output_ids"] == generate(client, **body)["output_ids"]
 
 
@@ -80,53 +96,89 @@ def _concurrent(generate, client: httpx.Client, bodies: list[dict]) -> list[dict
 
 def test_batching_is_invisible(generate, client, chat_ids) -> None:  # type: ignore[no-untyped-def]
     bodies = [
-        {"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": 8 + 3 * i,
-                                               "ignore_eos": True}}
+        {
+            "input_ids": ids,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 8 + 3 * i, "ignore_eos": True},
+        }
         for i, ids in enumerate(chat_ids)
     ]
     serial = [generate(client, **b)["output_ids"] for b in bodies]
     together = [r["output_ids"] for r in _concurrent(generate, client, bodies)]
     assert together == serial
     # the same prompts as one batched request
-    batch = generate(client, input_ids=chat_ids,
-                     sampling_params=[b["sampling_params"] for b in bodies])
+    batch = generate(
+        client, input_ids=chat_ids, sampling_params=[b["sampling_params"] for b in bodies]
+    )
     assert [r["output_ids"] for r in batch] == serial
 
 
 def test_text_input_and_n(generate, client, tokenizer) -> None:  # type: ignore[no-untyped-def]
-    out = generate(client, text="The capital of France is",
-                   sampling_params={"temperature": 0, "max_new_tokens": 6})
-    by_ids = generate(client, input_ids=tokenizer("The capital of France is")["input_ids"],
-                      sampling_params={"temperature": 0, "max_new_tokens": 6})
+    out = generate(
+        client,
+        text="The capital of France is",
+        sampling_params={"temperature": 0, "max_new_tokens": 6},
+    )
+    by_ids = generate(
+        client,
+        input_ids=tokenizer("The capital of France is")["input_ids"],
+        sampling_params={"temperature": 0, "max_new_tokens": 6},
+    )
     assert out["output_ids"] == by_ids["output_ids"]
     assert out["text"] == tokenizer.decode(out["output_ids"], skip_special_tokens=True)
-    many = generate(client, text="Once upon a time", rid="story",
-                    sampling_params={"temperature": 1.0, "max_new_tokens": 5, "n": 3})
+    many = generate(
+        client,
+        text="Once upon a time",
+        rid="story",
+        sampling_params={"temperature": 1.0, "max_new_tokens": 5, "n": 3},
+    )
     assert isinstance(many, list) and len(many) == 3
     assert len({m["meta_info"]["id"] for m in many}) == 3
 
 
 def test_stop_strings_and_tokens(generate, client, chat_ids, tokenizer) -> None:  # type: ignore[no-untyped-def]
     ids = chat_ids[2]
-    free = generate(client, input_ids=ids,
-                    sampling_params={"temperature": 0, "max_new_tokens": 24, "ignore_eos": True})
+    free = generate(
+        client,
+        input_ids=ids,
+        sampling_params={"temperature": 0, "max_new_tokens": 24, "ignore_eos": True},
+    )
     text = free["text"]
     stop = text[6:9]
     assert stop.strip(), text
-    cut = generate(client, input_ids=ids, sampling_params={
-        "temperature": 0, "max_new_tokens": 24, "stop": [stop], "ignore_eos": True})
+    cut = generate(
+        client,
+        input_ids=ids,
+        sampling_params={
+            "temperature": 0,
+            "max_new_tokens": 24,
+            "stop": [stop],
+            "ignore_eos": True,
+        },
+    )
     assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     assert cut["text"] == text[: text.find(stop)]
-    kept = generate(client, input_ids=ids, sampling_params={
-        "temperature": 0, "max_new_tokens": 24, "stop": stop, "no_stop_trim": True,
-        "ignore_eos": True})
+    kept = generate(
+        client,
+        input_ids=ids,
+        sampling_params={
+            "temperature": 0,
+            "max_new_tokens": 24,
+            "stop": stop,
+            "no_stop_trim": True,
+            "ignore_eos": True,
+        },
+    )
     assert stop in kept["text"]
     # stop_token_ids act like eos (and, as in SGLang, are ignored with ignore_eos)
-    plain = generate(client, input_ids=ids,
-                     sampling_params={"temperature": 0, "max_new_tokens": 24})["output_ids"]
+    plain = generate(
+        client, input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 24}
+    )["output_ids"]
     token = plain[3]
-    by_token = generate(client, input_ids=ids, sampling_params={
-        "temperature": 0, "max_new_tokens": 24, "stop_token_ids": [token]})
+    by_token = generate(
+        client,
+        input_ids=ids,
+        sampling_params={"temperature": 0, "max_new_tokens": 24, "stop_token_ids": [token]},
+    )
     assert by_token["output_ids"] == plain[: plain.index(token) + 1]
     assert by_token["meta_info"]["finish_reason"] == {"type": "stop", "matched": token}
     assert by_token["text"] == tokenizer.decode(plain[: plain.index(token)])
@@ -141,13 +193,16 @@ def _stream(client: httpx.Client, body: dict) -> list[dict]:  # type: ignore[typ
     assert lines[-1] == "data: [DONE]"
     for line in lines[:-1]:
         assert line.startswith("data: ")
-        chunks.append(json.loads(line[len("data: "):]))
+        chunks.append(json.loads(line[len("data: ") :]))
     return chunks
 
 
 def test_streaming_matches_non_streaming(generate, client, chat_ids) -> None:  # type: ignore[no-untyped-def]
-    body = {"input_ids": chat_ids[3], "return_logprob": True,
-            "sampling_params": {"temperature": 0, "max_new_tokens": 16}}
+    body = {
+        "input_ids": chat_ids[3],
+        "return_logprob": True,
+        "sampling_params": {"temperature": 0, "max_new_tokens": 16},
+    }
     plain = generate(client, **body)
     chunks = _stream(client, body)
     assert len(chunks) == len(plain["output_ids"])
@@ -162,8 +217,12 @@ def test_streaming_matches_non_streaming(generate, client, chat_ids) -> None:  #
 
 
 def test_abort_and_disconnect_free_the_slot(generate, client, engine_url, chat_ids) -> None:  # type: ignore[no-untyped-def]
-    body = {"input_ids": chat_ids[0], "rid": "to-abort", "stream": True,
-            "sampling_params": {"temperature": 0, "max_new_tokens": 900, "ignore_eos": True}}
+    body = {
+        "input_ids": chat_ids[0],
+        "rid": "to-abort",
+        "stream": True,
+        "sampling_params": {"temperature": 0, "max_new_tokens": 900, "ignore_eos": True},
+    }
     with client.stream("POST", "/generate", json=body) as r:
         for line in r.iter_lines():
             if line.startswith("data: "):
@@ -171,9 +230,14 @@ def test_abort_and_disconnect_free_the_slot(generate, client, engine_url, chat_i
     aborted = {}
 
     def run() -> None:
-        aborted.update(generate(client, input_ids=chat_ids[1], rid="abort-me",
-                                sampling_params={"temperature": 0, "max_new_tokens": 900,
-                                                 "ignore_eos": True}))
+        aborted.update(
+            generate(
+                client,
+                input_ids=chat_ids[1],
+                rid="abort-me",
+                sampling_params={"temperature": 0, "max_new_tokens": 900, "ignore_eos": True},
+            )
+        )
 
     with ThreadPoolExecutor(1) as pool:
         fut = pool.submit(run)

@@ -82,9 +82,16 @@ def test_health_and_info(api: httpx.Client) -> None:
 
 
 def test_generate_single(api: httpx.Client) -> None:
-    out = _post(api, {"input_ids": PROMPT, "rid": "contract-single",
-                      "sampling_params": {"temperature": 0, "max_new_tokens": 6},
-                      "return_logprob": True, "top_logprobs_num": 2})
+    out = _post(
+        api,
+        {
+            "input_ids": PROMPT,
+            "rid": "contract-single",
+            "sampling_params": {"temperature": 0, "max_new_tokens": 6},
+            "return_logprob": True,
+            "top_logprobs_num": 2,
+        },
+    )
     assert isinstance(out, dict)
     _check_output(out, logprobs=True, top=2)
     assert out["meta_info"]["id"] == "contract-single"
@@ -95,30 +102,50 @@ def test_generate_single(api: httpx.Client) -> None:
 
 
 def test_generate_batch_and_n(api: httpx.Client) -> None:
-    outs = _post(api, {"input_ids": [PROMPT, PROMPT[:5]],
-                       "sampling_params": {"temperature": 0, "max_new_tokens": 4}})
+    outs = _post(
+        api,
+        {
+            "input_ids": [PROMPT, PROMPT[:5]],
+            "sampling_params": {"temperature": 0, "max_new_tokens": 4},
+        },
+    )
     assert isinstance(outs, list) and len(outs) == 2
     for out in outs:
         _check_output(out)
-    samples = _post(api, {"input_ids": PROMPT,
-                          "sampling_params": {"temperature": 0.8, "max_new_tokens": 4, "n": 2}})
+    samples = _post(
+        api,
+        {"input_ids": PROMPT, "sampling_params": {"temperature": 0.8, "max_new_tokens": 4, "n": 2}},
+    )
     assert isinstance(samples, list) and len(samples) == 2
 
 
 def test_eos_is_in_output_ids(api: httpx.Client) -> None:
-    free = _post(api, {"input_ids": PROMPT, "sampling_params": {
-        "temperature": 0, "max_new_tokens": 8, "ignore_eos": True}})
+    free = _post(
+        api,
+        {
+            "input_ids": PROMPT,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True},
+        },
+    )
     stop_id = free["output_ids"][1]
-    out = _post(api, {"input_ids": PROMPT, "sampling_params": {
-        "temperature": 0, "max_new_tokens": 8, "stop_token_ids": [stop_id]}})
+    out = _post(
+        api,
+        {
+            "input_ids": PROMPT,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 8, "stop_token_ids": [stop_id]},
+        },
+    )
     reason = out["meta_info"]["finish_reason"]
     if reason["type"] == "stop":
         assert reason["matched"] == out["output_ids"][-1]
 
 
 def test_streaming(api: httpx.Client) -> None:
-    body = {"input_ids": PROMPT, "stream": True,
-            "sampling_params": {"temperature": 0, "max_new_tokens": 5, "ignore_eos": True}}
+    body = {
+        "input_ids": PROMPT,
+        "stream": True,
+        "sampling_params": {"temperature": 0, "max_new_tokens": 5, "ignore_eos": True},
+    }
     with api.stream("POST", "/generate", json=body) as r:
         assert r.status_code == 200
         lines = [line for line in r.iter_lines() if line]
@@ -143,16 +170,30 @@ def test_lora_load_generate_unload(api: httpx.Client, adapter_path: str) -> None
     try:
         ids = [m["id"] for m in api.get("/v1/models").json()["data"]]
         assert name in ids
-        out = _post(api, {"input_ids": PROMPT, "lora_path": name,
-                          "sampling_params": {"temperature": 0, "max_new_tokens": 4}})
+        out = _post(
+            api,
+            {
+                "input_ids": PROMPT,
+                "lora_path": name,
+                "sampling_params": {"temperature": 0, "max_new_tokens": 4},
+            },
+        )
         _check_output(out)
-        batch = _post(api, {"input_ids": [PROMPT, PROMPT], "lora_path": [name, None],
-                            "sampling_params": {"temperature": 0, "max_new_tokens": 4}})
+        batch = _post(
+            api,
+            {
+                "input_ids": [PROMPT, PROMPT],
+                "lora_path": [name, None],
+                "sampling_params": {"temperature": 0, "max_new_tokens": 4},
+            },
+        )
         assert len(batch) == 2
     finally:
         r = api.post("/unload_lora_adapter", json={"lora_name": name})
     assert r.status_code == 200 and r.json()["success"] is True
     assert name not in r.json()["loaded_adapters"]
-    r = api.post("/generate", json={"input_ids": PROMPT, "lora_path": name,
-                                    "sampling_params": {"max_new_tokens": 2}})
+    r = api.post(
+        "/generate",
+        json={"input_ids": PROMPT, "lora_path": name, "sampling_params": {"max_new_tokens": 2}},
+    )
     assert r.status_code == 400

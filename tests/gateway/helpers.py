@@ -38,3 +38,12 @@ def counts(stack) -> tuple[int, int]:  # type: ignore[no-untyped-def]
             db.scalar(select(func.count()).select_from(InteractionRow)),
             db.scalar(select(func.count()).select_from(SessionRow)),
         )
+
+
+def run_in_fresh_loop(coro):  # type: ignore[no-untyped-def]
+    """asyncio.run() in its own thread: safe even if this thread has a running loop."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()

@@ -19,7 +19,7 @@ from gateway.auth import Principal
 from gateway.request import Completion, ToolCallOut
 from gateway.service import Prepared, StreamEvent
 from gateway.sessions import SessionContext
-from tests.gateway.helpers import counts, wait_recorded
+from tests.gateway.helpers import counts, run_in_fresh_loop, wait_recorded
 
 SYSTEM = "You are a terse assistant."
 Q = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
@@ -436,8 +436,6 @@ async def _collect(prep, events):  # type: ignore[no-untyped-def]
 
 
 def test_translator_stream_with_thinking_and_tool_call():
-    import asyncio
-
     from anthropic.lib.streaming._messages import accumulate_event
 
     call = ToolCallOut("call_1", "add", '{"a": 2, "b": 3}')
@@ -449,7 +447,7 @@ def test_translator_stream_with_thinking_and_tool_call():
         StreamEvent(0, content="i", new_ids=[7]),
         StreamEvent(0, tool_calls=[call], finished=done),
     ]
-    text = asyncio.run(_collect(_prep(), events))
+    text = run_in_fresh_loop(_collect(_prep(), events))
     datas = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
     snapshot = None
     bufs: dict = {}

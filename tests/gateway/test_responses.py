@@ -5,7 +5,6 @@ Real gateway + real embedded engine (SmolLM2-135M-Instruct) on SQLite and Postgr
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import httpx
@@ -18,7 +17,7 @@ from gateway.auth import Principal
 from gateway.request import Completion, ToolCallOut
 from gateway.service import Prepared, StreamEvent
 from gateway.sessions import SessionContext
-from tests.gateway.helpers import counts, wait_recorded
+from tests.gateway.helpers import counts, run_in_fresh_loop, wait_recorded
 
 Q = "What is the capital of France? Answer in one word."
 ADD_TOOL = {
@@ -324,7 +323,7 @@ def test_translator_stream_events_validate_against_the_sdk():
         out = [b async for b in oresp.stream_body(_P(), _prep(), gen(), events[0], "policy")]
         return b"".join(out).decode()
 
-    text = asyncio.run(run())
+    text = run_in_fresh_loop(run())
     datas = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
     from pydantic import TypeAdapter
 
