@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from schemas.atdp import Interaction
@@ -148,19 +148,18 @@ def write_batch(db: Session, entries: list[dict[str, Any]]) -> tuple[int, set[st
         ).all()
     )
     last_activity: dict[str, Any] = {}
+    rows = []
     for r in sorted(fresh, key=lambda r: (r["created_at"], r.get("choice_index", 0))):
         record = Interaction.model_validate({**r, "seq": 0})
         seq = next_seq.get(r["session_id"])
         seq = 0 if seq is None else seq + 1
         next_seq[r["session_id"]] = seq
-        row = to_row(record)
-        row.seq = seq
-        db.add(row)
+        rows.append({**record.model_dump(mode="python", exclude={"atdp_version"}), "seq": seq})
         prev = last_activity.get(record.session_id)
         last_activity[record.session_id] = (
             max(prev, record.created_at) if prev else record.created_at
         )
-    db.flush()
+    db.execute(insert(InteractionRow), rows)  # one executemany, no ORM unit of work
     for session_id, at in last_activity.items():
         db.execute(
             update(SessionRow)

@@ -23,7 +23,9 @@ def gw_of(request: Request) -> Gateway:
 
 async def principal(request: Request) -> Principal:
     """The caller, from `Authorization: Bearer <key>` or `x-api-key`; 401 otherwise."""
-    return await asyncio.to_thread(gw_of(request).auth.resolve, presented_secret(request))
+    auth = gw_of(request).auth
+    secret = presented_secret(request)
+    return auth.cached(secret) or await asyncio.to_thread(auth.resolve, secret)
 
 
 async def read_json(request: Request) -> Any:

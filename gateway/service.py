@@ -68,6 +68,13 @@ class ServingPolicy:
     def invalidate(self) -> None:
         self._cache.clear()
 
+    def cached(self, project_id: str) -> tuple[bool, str | None]:
+        """(fresh, adapter) from the cache alone, for the hot path."""
+        hit = self._cache.get(project_id)
+        if hit and time.monotonic() - hit[0] < self.TTL_S:
+            return True, hit[1]
+        return False, None
+
     def adapter_for(self, project_id: str) -> str | None:
         now = time.monotonic()
         hit = self._cache.get(project_id)
@@ -183,15 +190,15 @@ class Pipeline:
                 "completion); reduce max_tokens or the messages",
                 "max_tokens",
             )
-        session = await asyncio.to_thread(
-            self.sessions.resolve,
-            p,
-            req.messages,
-            req.protocol,
-            req.session_hint,
-            req.metadata.get("agent_name") if isinstance(req.metadata, dict) else None,
-        )
-        adapter = await asyncio.to_thread(self.serving.adapter_for, p.project_id)
+        agent = req.metadata.get("agent_name") if isinstance(req.metadata, dict) else None
+        args = (p, req.messages, req.protocol, req.session_hint, agent)
+        if self.sessions.needs_db(p, req.messages, req.session_hint):
+            session = await asyncio.to_thread(self.sessions.resolve, *args)
+        else:  # a fixed key's first turn: a new session, no database read, no thread hop
+            session = self.sessions.resolve(*args)
+        fresh, adapter = self.serving.cached(p.project_id)
+        if not fresh:
+            adapter = await asyncio.to_thread(self.serving.adapter_for, p.project_id)
         return Prepared(
             p, req, session, ids, adapter, max_tokens, f"{prefix}{secrets.token_hex(12)}"
         )

@@ -159,6 +159,11 @@ class SessionStore:
         with self.lock:
             return self.pending.get(session_id)
 
+    def needs_db(self, p: Principal, messages: list[Message], external_id: str | None) -> bool:
+        """False for a fixed key's first turn (no assistant message yet): then resolve()
+        opens a new session without reading the database."""
+        return bool(p.session_id or external_id or any(m.role == "assistant" for m in messages))
+
     def resolve(
         self,
         p: Principal,
