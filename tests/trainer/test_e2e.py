@@ -293,3 +293,90 @@ def test_engine_refusal_leaves_run_trained_not_published_then_retry(
     # nothing left: a manual run is cancelled, a second call does not train either
     again = runner.run_training(pid, "manual", settings=settings, factory=factory)
     assert again["status"] == "cancelled"
+
+
+def test_gateway_rate_train_serve_loop(
+    engine_url: str, pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The product loop on real parts: calls through the gateway (PostgreSQL recording),
+    ratings through POST /feedback, a run on a real Celery worker (Redis), and the next
+    gateway response is served by, and recorded with, the new adapter."""
+    import openai
+
+    from tests.servers import gateway
+    from trainer import runs
+    from trainer.celery_app import make_celery
+
+    upgrade(pg_url)
+    factory = session_factory(make_engine(pg_url))
+    queue = f"rlgate-test-{secrets.token_hex(4)}"
+    env = _env(tmp_path, pg_url, engine_url, RLGATE_BROKER_URL="redis://127.0.0.1:6379/0")
+    settings = _use_env(monkeypatch, env)
+    pid = make_project(factory, TRAINING)
+    from gateway.db import transaction
+    from gateway.keys import create_key
+
+    with transaction(factory) as db:
+        _, key = create_key(db, pid, "agent")
+
+    with gateway(tmp_path / "gw", pg_url, engine_url) as gw:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=120)
+        rated = []
+        for q in ("What is 2+2?", "Name a color."):
+            resp = client.chat.completions.create(
+                model="rlgate-policy",
+                messages=[{"role": "user", "content": q}],
+                n=2,
+                temperature=1.0,
+                max_tokens=8,
+            )
+            for i, value in ((0, 1), (1, 0)):  # one good, one bad answer per group
+                r = httpx.post(
+                    gw.url + "/feedback",
+                    headers={"Authorization": f"Bearer {key}"},
+                    json={"interaction_id": f"{resp.id}.{i}", "value": value, "scale": "binary"},
+                    timeout=30,
+                )
+                assert r.status_code == 200, r.text
+                rated.append(f"{resp.id}.{i}")
+        with factory() as db:
+            rewards = dict(
+                db.execute(
+                    select(InteractionRow.id, InteractionRow.reward).where(
+                        InteractionRow.id.in_(rated)
+                    )
+                ).all()
+            )
+        assert sorted(rewards.values()) == [-1.0, -1.0, 1.0, 1.0]
+
+        worker = Worker(env, queue, tmp_path / "worker.log")
+        try:
+            run_id = runs.create_queued(factory, pid, "manual")
+            make_celery(settings).send_task(
+                "rlgate.train_project", args=[pid, "manual", run_id], queue=queue
+            )
+            run = _wait_run(factory, run_id, ("published", "failed", "trained-not-published"))
+            assert run.status == "published", (run.error, worker.log.read_text()[-3000:])
+        finally:
+            worker.stop()
+        with factory() as db:
+            name = db.get(PolicyVersionRow, run.policy_version_id).name
+            consumed = db.scalars(
+                select(InteractionRow.id).where(InteractionRow.consumed_by_run_id == run_id)
+            ).all()
+        assert set(consumed) == set(rated)
+
+        time.sleep(0.6)  # the gateway's serving-pointer cache
+        raw = client.chat.completions.with_raw_response.create(
+            model="rlgate-policy", messages=[{"role": "user", "content": "Say hi."}], max_tokens=4
+        )
+        assert raw.headers["x-rlgate-policy-version"] == name
+        new_id = raw.parse().id
+        deadline = time.monotonic() + 20
+        while True:
+            with factory() as db:
+                row = db.get(InteractionRow, new_id)
+            if row is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert row is not None and row.policy_version == name
