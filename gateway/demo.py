@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -288,6 +289,11 @@ def run_demo(
     )
     click.echo(f"rlgate demo: {minutes:g} minutes, groups of {group}, logs in {stack.logs}")
     curve = Curve()
+
+    def on_term(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt  # unwinds into stack.stop() below
+
+    signal.signal(signal.SIGTERM, on_term)
     try:
         asyncio.run(
             _run(

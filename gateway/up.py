@@ -8,6 +8,7 @@ everything. Each process logs to ``<data dir>/logs/``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -74,16 +75,20 @@ def _wait_healthy(child: Child, url: str, timeout: float, ok: tuple[int, ...] = 
         time.sleep(0.5)
 
 
+def _signal_group(child: Child, sig: int) -> None:
+    """Signal the child's whole process group (a Celery worker has pool processes)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.proc.pid, sig)
+
+
 def _stop(children: list[Child]) -> None:
     for child in reversed(children):
-        if child.proc.poll() is None:
-            child.proc.send_signal(signal.SIGTERM)
+        _signal_group(child, signal.SIGTERM)
     deadline = time.monotonic() + 20
     for child in reversed(children):
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             child.proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.proc.kill()
+        _signal_group(child, signal.SIGKILL)  # whatever of the group is still there
 
 
 def snippets(base: str, agent_key: str, model: str) -> str:
