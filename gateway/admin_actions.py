@@ -1,29 +1,26 @@
 """Dashboard actions: train now, promote, roll back, retire, pause / resume, keys.
 
-Each action goes through the trainer's functions (``trainer.api.train_now``,
-``trainer.runner.serve_version``) when the trainer package imports; otherwise it does
-the database part itself (a ``queued`` run row; the serving pointer switch in one
-transaction) so a gateway without the trainer installed still has a working dashboard.
-Every action writes an AuditEvent (the trainer functions write their own).
+Train now and promote / roll back go through the trainer's functions
+(``trainer.api.train_now``, ``trainer.runner.serve_version``: the same code the CLI
+uses); retire, pause and keys are database changes here. Every action writes an
+AuditEvent (the trainer functions write their own).
 
 All functions are blocking (database, engine HTTP): call them in a worker thread.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.db import transaction
-from gateway.keys import audit, create_key, new_id, revoke_key
+from gateway.keys import audit, create_key, revoke_key
 from gateway.settings import Settings
 from schemas.atdp import KeyKind
-from schemas.coltypes import utcnow
-from schemas.tables import ApiKeyRow, AuditEventRow, PolicyVersionRow, ProjectRow, TrainingRunRow
+from schemas.tables import ApiKeyRow, AuditEventRow, PolicyVersionRow, ProjectRow
 
 log = logging.getLogger("rlgate.admin")
 
@@ -35,15 +32,6 @@ class ActionError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
-
-
-def _trainer(module: str) -> Any | None:
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name and (e.name == module or module.startswith(e.name + ".")):
-            return None
-        raise
 
 
 def _project(db: Session, project_id: str) -> ProjectRow:
@@ -60,29 +48,16 @@ def train_now(factory: sessionmaker[Session], project_id: str, actor: str) -> di
     """Queue a manual run; returns ``{"run_id", "status"}``."""
     with factory() as db:
         _project(db, project_id)
-    api = _trainer("trainer.api")
-    if api is not None:
-        try:
-            run_id = api.train_now(project_id, actor, factory=factory)
-        except LookupError as e:
-            raise ActionError(404, str(e)) from None
-        except Exception as e:  # broker down: the run row exists, the message did not go
-            log.exception("train-now could not enqueue")
-            raise ActionError(503, f"the run was created but not queued: {e}") from None
-        return {"run_id": run_id, "status": "queued", "via": "trainer"}
-    run_id = new_id("run")
-    with transaction(factory) as db:
-        db.add(
-            TrainingRunRow(
-                id=run_id,
-                project_id=project_id,
-                trigger="manual",
-                status="queued",
-                created_at=utcnow(),
-            )
-        )
-        audit(db, actor, "training.trigger", project_id, "training_run", run_id, {})
-    return {"run_id": run_id, "status": "queued", "via": "db"}
+    from trainer import api
+
+    try:
+        run_id = api.train_now(project_id, actor, factory=factory)
+    except LookupError as e:
+        raise ActionError(404, str(e)) from None
+    except Exception as e:  # broker down: the run row exists, the message did not go
+        log.exception("train-now could not enqueue")
+        raise ActionError(503, f"the run was created but not queued: {e}") from None
+    return {"run_id": run_id, "status": "queued", "via": "trainer"}
 
 
 def set_paused(
@@ -154,43 +129,6 @@ def previous_version(db: Session, project_id: str) -> PolicyVersionRow | None:
     ).first()
 
 
-def _switch_db(
-    factory: sessionmaker[Session], project_id: str, version_id: str, actor: str, action: str
-) -> dict[str, Any]:
-    with transaction(factory) as db:
-        target = db.get(PolicyVersionRow, version_id)
-        assert target is not None
-        old = db.scalars(
-            select(PolicyVersionRow).where(
-                PolicyVersionRow.project_id == project_id,
-                PolicyVersionRow.status == "serving",
-                PolicyVersionRow.id != version_id,
-            )
-        ).all()
-        db.execute(
-            update(PolicyVersionRow)
-            .where(
-                PolicyVersionRow.project_id == project_id,
-                PolicyVersionRow.status == "serving",
-                PolicyVersionRow.id != version_id,
-            )
-            .values(status="retired")
-        )
-        target.status = "serving"
-        target.promoted_at = utcnow()
-        previous = old[0].name if old else None
-        audit(
-            db,
-            actor,
-            action,
-            project_id,
-            "policy_version",
-            target.id,
-            {"name": target.name, "version": target.version, "previous": previous},
-        )
-        return {"name": target.name, "previous": previous, "changed": True}
-
-
 def _serve(
     factory: sessionmaker[Session],
     settings: Settings,
@@ -207,25 +145,18 @@ def _serve(
         return {"name": name, "previous": None, "changed": False}
     if status == "rejected":
         raise ActionError(409, f"{name} was rejected by the eval gate; it cannot be served")
-    runner = _trainer("trainer.runner")
-    if runner is not None:
-        publish = importlib.import_module("trainer.publish")
-        try:
-            return dict(
-                runner.serve_version(
-                    project_id,
-                    name,
-                    actor=actor,
-                    action=action,
-                    settings=settings,
-                    factory=factory,
-                )
+    from trainer import publish, runner
+
+    try:
+        return dict(
+            runner.serve_version(
+                project_id, name, actor=actor, action=action, settings=settings, factory=factory
             )
-        except publish.PublishError as e:
-            raise ActionError(502, str(e)) from None
-        except LookupError as e:
-            raise ActionError(404, str(e)) from None
-    return _switch_db(factory, project_id, pv_id, actor, action)
+        )
+    except publish.PublishError as e:
+        raise ActionError(502, str(e)) from None
+    except LookupError as e:
+        raise ActionError(404, str(e)) from None
 
 
 def promote(

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gateway.errors import APIError, bad_request
 from gateway.openai_chat import TOOL_NAME
 from gateway.request import Completion, GenerationRequest, Message, Sampling, Tool, ToolCallOut
-from gateway.service import Pipeline, Prepared, StreamEvent
+from gateway.service import Pipeline, Prepared, StreamEvent, replay
 
 PROTOCOL = "anthropic-messages"
 _IMAGE_KINDS = ("image", "document", "search_result", "container_upload")
@@ -538,14 +538,8 @@ async def stream_body(
     finished: Completion | None = None
     last_ping = time.monotonic()
 
-    async def all_events() -> AsyncIterator[StreamEvent]:
-        if first is not None:
-            yield first
-        async for ev in events:
-            yield ev
-
     try:
-        async with contextlib.aclosing(events), contextlib.aclosing(all_events()) as evs:
+        async with contextlib.aclosing(replay(first, events)) as evs:
             async for ev in evs:
                 for chunk in event_bytes(ev, blocks):
                     yield chunk

@@ -16,8 +16,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gateway import anthropic_messages as am
 from gateway.errors import APIError
-from gateway.openai_chat import open_stream
 from gateway.routing import gw_of, headers_for, principal, read_json
+from gateway.service import open_stream
 
 router = APIRouter()
 

@@ -32,7 +32,7 @@ from gateway.migrate import current
 from gateway.parsing import TOOL_PARSERS
 from gateway.recorder import Recorder
 from gateway.routing import gw_of, headers_for, principal, read_json
-from gateway.service import Pipeline, ServingPolicy
+from gateway.service import Pipeline, ServingPolicy, open_stream
 from gateway.sessions import SessionStore, new_session_id
 from gateway.settings import ConfigError, Settings, get_settings
 from gateway.templating import ChatRenderer, load_tokenizer
@@ -153,7 +153,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         prep = await gw.pipeline.prepare(p, req, "chatcmpl-")
         model = gw.settings.served_model_name
         if req.stream:
-            events, first = await openai_chat.open_stream(gw.pipeline, prep)
+            events, first = await open_stream(gw.pipeline, prep)
             return StreamingResponse(
                 openai_chat.stream_body(gw.pipeline, prep, events, first, gw.tokenizer, model),
                 media_type="text/event-stream",

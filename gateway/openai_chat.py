@@ -21,7 +21,7 @@ from gateway.request import (
     Tool,
     ToolCallOut,
 )
-from gateway.service import Pipeline, Prepared, StreamEvent
+from gateway.service import Pipeline, Prepared, StreamEvent, replay
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_N = 8
@@ -320,20 +320,6 @@ def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def open_stream(pipeline: Pipeline, prep: Prepared) -> tuple[Any, StreamEvent | None]:
-    """Start generating before any response byte is sent, so an engine that is down or a
-    request it refuses still gets a proper HTTP error instead of a broken 200 stream."""
-    events = pipeline.stream(prep)
-    try:
-        first = await events.__anext__()
-    except StopAsyncIteration:
-        return events, None
-    except BaseException:
-        await events.aclose()
-        raise
-    return events, first
-
-
 async def stream_body(
     pipeline: Pipeline,
     prep: Prepared,
@@ -368,14 +354,8 @@ async def stream_body(
         )
     finished: list[Completion] = []
 
-    async def all_events() -> AsyncIterator[StreamEvent]:
-        if first is not None:
-            yield first
-        async for ev in events:
-            yield ev
-
     try:
-        async with contextlib.aclosing(events), contextlib.aclosing(all_events()) as evs:
+        async with contextlib.aclosing(replay(first, events)) as evs:
             async for ev in evs:
                 for chunk in _event_chunks(ev, base, prep, tokenizer, tool_index):
                     yield _sse(chunk)

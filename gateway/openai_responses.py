@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gateway.errors import APIError, bad_request
 from gateway.openai_chat import TOOL_NAME
 from gateway.request import Completion, GenerationRequest, Message, Sampling, Tool, ToolCallOut
-from gateway.service import Pipeline, Prepared, StreamEvent
+from gateway.service import Pipeline, Prepared, StreamEvent, replay
 
 PROTOCOL = "openai-responses"
 
@@ -520,14 +520,8 @@ async def stream_body(
     yield items.ev("response.in_progress", response=start)
     finished: Completion | None = None
 
-    async def all_events() -> AsyncIterator[StreamEvent]:
-        if first is not None:
-            yield first
-        async for ev in events:
-            yield ev
-
     try:
-        async with contextlib.aclosing(events), contextlib.aclosing(all_events()) as evs:
+        async with contextlib.aclosing(replay(first, events)) as evs:
             async for ev in evs:
                 for chunk in event_bytes(ev, items):
                     yield chunk

@@ -20,9 +20,9 @@ from sqlalchemy import select
 
 from gateway import openai_responses as oresp
 from gateway.errors import APIError
-from gateway.openai_chat import open_stream
 from gateway.request import Completion, Message, ToolCallOut
 from gateway.routing import gw_of, headers_for, principal, read_json
+from gateway.service import open_stream
 from schemas.tables import InteractionRow
 
 router = APIRouter()

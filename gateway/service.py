@@ -7,6 +7,7 @@ everything token-exact, durable or session-related happens here, once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
 from collections import defaultdict
@@ -124,6 +125,31 @@ class StreamEvent:
     new_logprobs: list[float] = field(default_factory=list)
     new_top: list[list[tuple[int, float]]] = field(default_factory=list)
     finished: Completion | None = None
+
+
+async def open_stream(pipeline: Pipeline, prep: Prepared) -> tuple[Any, StreamEvent | None]:
+    """Start generating before any response byte is sent, so an engine that is down or a
+    request it refuses still gets a proper HTTP error instead of a broken 200 stream.
+    Returns the event stream and its first event; pass both to ``replay``."""
+    events = pipeline.stream(prep)
+    try:
+        first = await events.__anext__()
+    except StopAsyncIteration:
+        return events, None
+    except BaseException:
+        await events.aclose()
+        raise
+    return events, first
+
+
+async def replay(first: StreamEvent | None, events: Any) -> AsyncIterator[StreamEvent]:
+    """The first event again, then the rest; closing this closes ``events`` (which aborts
+    the engine requests and records what the client got)."""
+    async with contextlib.aclosing(events):
+        if first is not None:
+            yield first
+        async for ev in events:
+            yield ev
 
 
 def _top(meta: dict[str, Any], start: int = 0) -> list[list[tuple[int, float]]] | None:
