@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import logging
 import time
@@ -40,15 +39,6 @@ from schemas.coltypes import utcnow
 from schemas.tables import SessionRow
 
 log = logging.getLogger("rlgate.gateway")
-
-# Route modules (each exposes `router`, an APIRouter) included next to the OpenAI routes.
-ROUTE_MODULES = (
-    "gateway.anthropic_routes",
-    "gateway.responses_routes",
-    "gateway.feedback_routes",
-    "gateway.areal_routes",
-    "gateway.admin_routes",
-)
 
 
 @dataclass
@@ -288,13 +278,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await asyncio.to_thread(session_closed, gw.factory, session_id)
         return out
 
-    for module in ROUTE_MODULES:
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            continue  # that API has not landed yet
+    from gateway import (
+        admin_routes,
+        anthropic_routes,
+        areal_routes,
+        feedback_routes,
+        responses_routes,
+    )
+
+    for mod in (anthropic_routes, responses_routes, feedback_routes, areal_routes, admin_routes):
         app.include_router(mod.router)
     return app
 

@@ -1,7 +1,7 @@
 """`rlgate up`: the embedded default in one command.
 
 Migrates the SQLite database, starts the embedded engine with the packaged model, the
-gateway and (when the trainer is installed) a Celery worker with its schedule on the
+gateway and a Celery worker with its schedule on the
 embedded broker; prints the base URL, fresh keys and copy-paste snippets. Ctrl-C stops
 everything. Each process logs to ``<data dir>/logs/``.
 """
@@ -178,15 +178,8 @@ def launch(
         _wait_healthy(children[-1], base, 120, ok=(200, 503))
         trainer_note = "trainer: not started (--no-trainer)"
         if trainer:
-            try:
-                import trainer.cli  # noqa: F401
-            except ImportError:
-                trainer_note = "trainer: not available in this version"
-            else:
-                children.append(
-                    _start("worker", ["-m", "gateway.cli", "worker", "--beat"], logs, env)
-                )
-                trainer_note = f"trainer: Celery worker + schedule (log {logs / 'worker.log'})"
+            children.append(_start("worker", ["-m", "gateway.cli", "worker", "--beat"], logs, env))
+            trainer_note = f"trainer: Celery worker + schedule (log {logs / 'worker.log'})"
     except BaseException:
         _stop(children)
         raise

@@ -7,14 +7,9 @@ task code runs on every broker.
 
 from __future__ import annotations
 
-import importlib
-
 from celery import Celery
 
 from gateway.settings import Settings, get_settings
-
-# Modules that define tasks; a module that has not landed yet is skipped.
-TASK_MODULES = ("trainer.tasks", "trainer.verifiers")
 
 
 def make_celery(settings: Settings | None = None) -> Celery:
@@ -39,13 +34,6 @@ def make_celery(settings: Settings | None = None) -> Celery:
 app = make_celery()
 
 
-def load_task_modules() -> None:
-    for name in TASK_MODULES:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                raise
-
-
-load_task_modules()
+# The task modules register on `app`; import them so every process that has the app
+# (worker, beat, producers) knows the tasks by name.
+from trainer import tasks, verifiers  # noqa: E402, F401
