@@ -1,4 +1,4 @@
-"""Trainer throughput: packed micro-batches + LM head only at sampled positions (rlgate)
+"""Trainer throughput: length-bucketed micro-batches + LM head only at sampled positions (rlgate)
 vs a naive padded PEFT loop (pad to the longest, full-vocab log_softmax everywhere), on the
 same batch, same model, same loss. Prints tokens/s of both and the ratio.
 
@@ -98,7 +98,7 @@ def main() -> None:
     opt = policy.make_optimizer(cfg, None)
     naive_step(policy, opt, samples[:2], cfg, a.naive_batch)  # warm-up
     results = {}
-    for name in ("naive padded PEFT", "rlgate packed"):
+    for name in ("naive padded PEFT", "rlgate bucketed"):
         t0 = time.perf_counter()
         for _ in range(a.iters):
             if name.startswith("naive"):

@@ -4,9 +4,11 @@
   engine's). CPU runs in float32, CUDA in bfloat16 (LoRA weights stay float32).
 - Warm start from the serving adapter's directory; the optimizer state is saved next to
   the adapter (``optimizer.pt``) so periodic runs continue one optimization.
-- Forward passes pack several sequences into one row (``position_ids`` restart per
-  sequence; transformers then builds a block-diagonal causal mask) and apply the LM head
-  only at the positions that predict sampled tokens.
+- Forward passes run length-sorted, right-padded micro-batches (similar lengths share a
+  batch, so little is padding) and apply the LM head only at the positions that predict
+  sampled tokens. (Packing many sequences into one row would need a varlen attention
+  kernel; with a block-diagonal mask, attention over a 4k-token row costs far more than
+  the model itself for agent-length samples on CPU.)
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ def pick_device() -> tuple[torch.device, torch.dtype]:
 
 
 @dataclass
-class Pack:
-    """Several samples concatenated into one row."""
+class MicroBatch:
+    """Samples of similar length, right-padded to the longest into one forward."""
 
     samples: list[Sample]
 
@@ -45,22 +47,21 @@ class Pack:
     def tokens(self) -> int:
         return sum(s.length for s in self.samples)
 
+    @property
+    def padded_tokens(self) -> int:
+        return len(self.samples) * max(s.length for s in self.samples)
 
-def make_packs(samples: list[Sample], budget: int) -> list[Pack]:
-    """First-fit-decreasing by length into rows of at most ``budget`` tokens (a longer
-    sample gets a row of its own)."""
-    bins: list[list[Sample]] = []
-    sizes: list[int] = []
+
+def make_micro_batches(samples: list[Sample], budget: int) -> list[MicroBatch]:
+    """Longest first; each batch takes the next samples while ``rows * longest`` stays
+    within ``budget`` tokens (a longer sample gets a batch of its own)."""
+    batches: list[list[Sample]] = []
     for s in sorted(samples, key=lambda s: s.length, reverse=True):
-        for i, size in enumerate(sizes):
-            if size + s.length <= budget:
-                bins[i].append(s)
-                sizes[i] += s.length
-                break
+        if batches and (len(batches[-1]) + 1) * batches[-1][0].length <= budget:
+            batches[-1].append(s)
         else:
-            bins.append([s])
-            sizes.append(s.length)
-    return [Pack(b) for b in bins]
+            batches.append([s])
+    return [MicroBatch(b) for b in batches]
 
 
 def lora_config_dict(cfg: TrainConfig) -> dict[str, Any]:
@@ -136,52 +137,50 @@ class Policy:
 
     # ---- forward ---------------------------------------------------------------------
 
-    def pack_logprobs(self, pack: Pack) -> list[torch.Tensor]:
+    def batch_logprobs(self, batch: MicroBatch) -> list[torch.Tensor]:
         """Per sample, logprobs of its completion tokens under the current model (with the
         gradient if enabled), at each sample's recorded temperature."""
-        ids: list[int] = []
-        pos: list[int] = []
+        width = max(s.length for s in batch.samples)
+        ids = torch.zeros(len(batch.samples), width, dtype=torch.long)
+        attention = torch.zeros(len(batch.samples), width, dtype=torch.long)
         gather: list[int] = []
         targets: list[int] = []
         temps: list[float] = []
-        for s in pack.samples:
-            offset = len(ids)
-            seq = s.prompt_ids + s.completion_ids
-            ids.extend(seq)
-            pos.extend(range(len(seq)))
-            start = offset + len(s.prompt_ids) - 1
+        for row, s in enumerate(batch.samples):
+            ids[row, : s.length] = torch.tensor(s.prompt_ids + s.completion_ids)
+            attention[row, : s.length] = 1
+            start = row * width + len(s.prompt_ids) - 1  # position predicting token 0
             gather.extend(range(start, start + len(s.completion_ids)))
             targets.extend(s.completion_ids)
             temps.extend([s.temperature] * len(s.completion_ids))
         dev = self.device
         causal = self.model.get_base_model()
         hidden = causal.get_decoder()(
-            input_ids=torch.tensor([ids], device=dev),
-            position_ids=torch.tensor([pos], device=dev),
-            attention_mask=None,
-            use_cache=False,
-        ).last_hidden_state[0]
-        h = hidden.index_select(0, torch.tensor(gather, device=dev))
+            input_ids=ids.to(dev), attention_mask=attention.to(dev), use_cache=False
+        ).last_hidden_state
+        h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, torch.tensor(gather, device=dev))
         logits = causal.get_output_embeddings()(h)
         lp = token_logprobs(
             logits, torch.tensor(targets, device=dev), torch.tensor(temps, device=dev)
         )
-        return list(lp.split([len(s.completion_ids) for s in pack.samples]))
+        return list(lp.split([len(s.completion_ids) for s in batch.samples]))
 
     @torch.no_grad()
-    def logprobs(self, packs: list[Pack], adapter: bool = True) -> dict[str, torch.Tensor]:
+    def logprobs(
+        self, batches: list[MicroBatch], adapter: bool = True
+    ) -> dict[str, torch.Tensor]:
         """No-gradient logprobs by interaction id (proximal, or base with the adapter off)."""
         was_training = self.model.training
         self.model.eval()
         out: dict[str, torch.Tensor] = {}
         try:
-            for pack in packs:
+            for batch in batches:
                 if adapter:
-                    lps = self.pack_logprobs(pack)
+                    lps = self.batch_logprobs(batch)
                 else:
                     with self.model.disable_adapter():
-                        lps = self.pack_logprobs(pack)
-                for s, lp in zip(pack.samples, lps, strict=True):
+                        lps = self.batch_logprobs(batch)
+                for s, lp in zip(batch.samples, lps, strict=True):
                     out[s.interaction_id] = lp.float()
         finally:
             self.model.train(was_training)

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from trainer.config import TrainConfig
 from trainer.data import Sample
 from trainer.loss import ppo_loss
-from trainer.policy import Policy, make_packs
+from trainer.policy import Policy, make_micro_batches
 
 log = logging.getLogger("rlgate.trainer")
 
@@ -45,34 +45,53 @@ def train(
     on_step: Callable[[dict[str, Any]], None] | None = None,
     progress: bool = True,
 ) -> list[dict[str, Any]]:
-    """Run ``epochs * num_minibatches`` optimizer steps; returns per-step metrics."""
+    """Run ``epochs * num_minibatches`` optimizer steps; returns per-step metrics.
+
+    Proximal logprobs are those of the adapter before the first step. The first minibatch
+    is forwarded by exactly that adapter, so its proximal logprobs are taken from its own
+    forward (detached) and only the other samples get a separate no-gradient pass: a run
+    of one step costs one forward and one backward. (Not with LoRA dropout, where the
+    training forward is not the proximal one.)
+    """
     loss_cfg = cfg.loss_config()
     dev = policy.device
-    all_packs = make_packs(samples, cfg.micro_batch_tokens)
-    prox = policy.logprobs(all_packs, adapter=True)
-    ref = policy.logprobs(all_packs, adapter=False) if cfg.kl_coef else None
     rng = random.Random(cfg.seed)
     n_mb = min(cfg.num_minibatches, len(samples))
+    orders = []
+    for _ in range(cfg.epochs):
+        order = samples[:]
+        rng.shuffle(order)
+        orders.append(order)
+    reuse_first = cfg.lora_dropout == 0.0
+    first_ids = {s.interaction_id for s in orders[0][0::n_mb]} if reuse_first else set()
+    rest = [s for s in samples if s.interaction_id not in first_ids]
+    prox = policy.logprobs(make_micro_batches(rest, cfg.micro_batch_tokens), adapter=True)
+    ref = (
+        policy.logprobs(make_micro_batches(samples, cfg.micro_batch_tokens), adapter=False)
+        if cfg.kl_coef
+        else None
+    )
     steps: list[dict[str, Any]] = []
     total = cfg.epochs * n_mb
     bar = tqdm(total=total, desc="train", unit="step", file=sys.stderr, disable=not progress)
     policy.model.train()
-    for epoch in range(cfg.epochs):
-        order = samples[:]
-        rng.shuffle(order)
+    for epoch, order in enumerate(orders):
         for mb_index in range(n_mb):
             batch = order[mb_index::n_mb]
             started = time.perf_counter()
-            packs = make_packs(batch, cfg.micro_batch_tokens)
+            micro = make_micro_batches(batch, cfg.micro_batch_tokens)
             num_tokens = float(sum(len(s.completion_ids) for s in batch))
             num_seqs = float(len(batch))
             opt.zero_grad(set_to_none=True)
             loss_total = 0.0
             agg: dict[str, float] = {}
             seen_tokens = 0
-            for pack in packs:
-                logps = policy.pack_logprobs(pack)
-                ss = pack.samples
+            for mb in micro:
+                logps = policy.batch_logprobs(mb)
+                ss = mb.samples
+                if epoch == 0 and mb_index == 0 and reuse_first:
+                    for s, lp in zip(ss, logps, strict=True):
+                        prox[s.interaction_id] = lp.detach().float()
                 mask = _pad([torch.ones(len(s.completion_ids), dtype=torch.bool) for s in ss])
                 loss, m = ppo_loss(
                     _pad([lp.float() for lp in logps]),
@@ -93,7 +112,7 @@ def train(
                         agg[k] = pick(agg.get(k, v), v)
                     elif k != "tokens":
                         agg[k] = agg.get(k, 0.0) + v * m["tokens"]
-                seen_tokens += pack.tokens
+                seen_tokens += mb.tokens
             for k in ("clip_frac", "ratio_mean", "iw_mean", "masked_frac", "kl"):
                 agg[k] = agg.get(k, 0.0) / max(num_tokens, 1.0)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.params, cfg.max_grad_norm))
@@ -111,8 +130,8 @@ def train(
                 "grad_norm": grad_norm,
                 "num_seqs": int(num_seqs),
                 "num_tokens": int(num_tokens),
-                "packed_tokens": seen_tokens,
-                "micro_batches": len(packs),
+                "batch_tokens": seen_tokens,
+                "micro_batches": len(micro),
                 "seconds": elapsed,
                 "tokens_per_s": seen_tokens / elapsed if elapsed > 0 else 0.0,
                 "lr": opt.param_groups[0]["lr"],

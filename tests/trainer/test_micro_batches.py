@@ -1,0 +1,92 @@
+"""Length-bucketed micro-batches: a sample's logprobs do not depend on what it is batched
+with (padding is masked), and batches keep to their token budget. Real packaged model."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from engine.model_files import PACKAGED_MODEL, resolve_model_dir
+from tests.servers import MODEL_CACHE
+from trainer.config import TrainConfig
+from trainer.data import Sample
+from trainer.policy import Policy, make_micro_batches
+
+
+def _samples(n: int) -> list[Sample]:
+    rng = random.Random(3)
+    out = []
+    for i in range(n):
+        p, c = rng.randint(5, 40), rng.randint(1, 12)
+        out.append(
+            Sample(
+                f"s{i}",
+                [rng.randrange(100, 40000) for _ in range(p)],
+                [rng.randrange(100, 40000) for _ in range(c)],
+                [-1.0] * c,
+                rng.choice([0.7, 1.0]),
+                0.0,
+                f"g{i}",
+                "t",
+            )
+        )
+    return out
+
+
+def test_budget_and_order() -> None:
+    samples = _samples(30)
+    batches = make_micro_batches(samples, budget=120)
+    assert sorted(s.interaction_id for b in batches for s in b.samples) == sorted(
+        s.interaction_id for s in samples
+    )
+    for b in batches:
+        assert b.padded_tokens <= 120 or len(b.samples) == 1
+        assert b.tokens <= b.padded_tokens
+    lengths = [s.length for b in batches for s in b.samples]
+    assert lengths == sorted(lengths, reverse=True)
+
+
+def test_logprobs_do_not_depend_on_the_batch() -> None:
+    model_dir = resolve_model_dir(PACKAGED_MODEL, MODEL_CACHE)
+    policy = Policy.load(model_dir, TrainConfig(lora_rank=4))
+    samples = _samples(6)
+    together = policy.logprobs(make_micro_batches(samples, budget=10_000))
+    assert len(make_micro_batches(samples, budget=10_000)) == 1
+    alone = policy.logprobs(make_micro_batches(samples, budget=1))
+    for s in samples:
+        assert together[s.interaction_id].shape == (len(s.completion_ids),)
+        torch.testing.assert_close(
+            together[s.interaction_id], alone[s.interaction_id], atol=2e-4, rtol=0
+        )
+
+
+def test_a_one_step_run_forwards_each_sample_once(monkeypatch) -> None:
+    """The first minibatch's proximal logprobs come from its own forward: one step, one
+    forward per micro-batch; later minibatches get a proximal pass up front."""
+    from trainer.train import train
+
+    model_dir = resolve_model_dir(PACKAGED_MODEL, MODEL_CACHE)
+    samples = _samples(8)
+    for i, s in enumerate(samples):
+        s.advantage = 1.0 if i % 2 else -1.0
+    for n_mb, expected_rows in ((1, 8), (2, 8 + 4)):
+        cfg = TrainConfig(  # no band: the made-up behaviour logprobs would mask every token
+            lora_rank=4, num_minibatches=n_mb, lr=1e-3, micro_batch_tokens=10**6,
+            band_low=None, band_high=None, behav_weight_cap=None,
+        )
+        policy = Policy.load(model_dir, cfg)
+        rows: list[int] = []
+        real = policy.batch_logprobs
+
+        def counting(batch, real=real, rows=rows):  # type: ignore[no-untyped-def]
+            rows.append(len(batch.samples))
+            return real(batch)
+
+        monkeypatch.setattr(policy, "batch_logprobs", counting)
+        steps = train(policy, policy.make_optimizer(cfg, None), samples, cfg, progress=False)
+        assert sum(rows) == expected_rows
+        assert len(steps) == n_mb
+        assert steps[0]["ratio_mean"] == 1.0 and steps[0]["clip_frac"] == 0.0
+        if n_mb == 2:  # the second step sees the first step's update against proximal
+            assert steps[1]["ratio_mean"] != 1.0
