@@ -3,7 +3,9 @@
 All three paths hit the same fast stub upstream (bench/stub_upstream.py: it answers at
 once, so model time is removed and what remains is each proxy's own cost). rlgate does
 its full work: auth, chat-template rendering and tokenization, session stitching, and
-durable recording (spool fsync + batched database writes). Printed: added latency
+durable recording (spool append + batched database writes), measured in both spool
+modes: the default (the record is in the spool file before the response is sent) and
+RLGATE_SPOOL_FSYNC=true (also fdatasync'ed). Printed: added latency
 (p50/p99 over sequential requests, minus the direct path) and max requests/s under
 concurrency, measured side by side in one run.
 
@@ -112,21 +114,31 @@ def main() -> None:
         stub_url = f"http://127.0.0.1:{stub_port}"
         wait_up(stub_url + "/health", stub)
 
-        # rlgate, recording into SQLite (the embedded default)
-        db_url = f"sqlite:///{tmp / 'rlgate.db'}"
-        gw_env = {"RLGATE_DATA_DIR": str(tmp), "RLGATE_DATABASE_URL": db_url,
-                  "RLGATE_ENGINE_URLS": stub_url, "RLGATE_TOKENIZER_PATH": str(model_dir),
-                  "RLGATE_LOG_LEVEL": "warning", "RLGATE_MAX_IN_FLIGHT_PER_ENGINE": "256"}
-        subprocess.run([sys.executable, "-m", "gateway.cli", "migrate"], env={**env, **gw_env},
-                       check=True, capture_output=True)
-        key = subprocess.run([sys.executable, "-m", "gateway.cli", "keys", "create",
-                              "--project", "bench", "--kind", "agent"], env={**env, **gw_env},
-                             check=True, capture_output=True, text=True).stdout.strip()
-        gw_port = free_port()
-        gw = spawn([sys.executable, "-m", "gateway.cli", "gateway", "--port", str(gw_port)],
-                   "gateway.log", gw_env)
-        gw_url = f"http://127.0.0.1:{gw_port}"
-        wait_up(gw_url + "/health", gw)
+        # rlgate, recording into SQLite (the embedded default), in both spool modes: the
+        # default (records written to the spool file before the response: survives a crash)
+        # and RLGATE_SPOOL_FSYNC=true (also fdatasync'ed: survives power loss)
+        def start_rlgate(sub: str, fsync: bool) -> tuple[subprocess.Popen, str, str, Path]:
+            (tmp / sub).mkdir()
+            db = tmp / sub / "rlgate.db"
+            gw_env = {"RLGATE_DATA_DIR": str(tmp / sub), "RLGATE_DATABASE_URL": f"sqlite:///{db}",
+                      "RLGATE_ENGINE_URLS": stub_url, "RLGATE_TOKENIZER_PATH": str(model_dir),
+                      "RLGATE_LOG_LEVEL": "warning", "RLGATE_MAX_IN_FLIGHT_PER_ENGINE": "256",
+                      "RLGATE_SPOOL_FSYNC": str(fsync).lower()}
+            subprocess.run([sys.executable, "-m", "gateway.cli", "migrate"],
+                           env={**env, **gw_env}, check=True, capture_output=True)
+            key = subprocess.run([sys.executable, "-m", "gateway.cli", "keys", "create",
+                                  "--project", "bench", "--kind", "agent"],
+                                 env={**env, **gw_env}, check=True, capture_output=True,
+                                 text=True).stdout.strip()
+            port = free_port()
+            proc = spawn([sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port)],
+                         f"gateway-{sub}.log", gw_env)
+            url = f"http://127.0.0.1:{port}"
+            wait_up(url + "/health", proc)
+            return proc, url, key, db
+
+        gw, gw_url, key, db_default = start_rlgate("default", fsync=False)
+        _, fs_url, fs_key, db_fsync = start_rlgate("fsync", fsync=True)
 
         if os.environ.get("RLGATE_BENCH_PROFILE"):
             subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "-o",
@@ -136,6 +148,8 @@ def main() -> None:
         paths = {
             "direct": (stub_url + "/v1/chat/completions", {}),
             "rlgate": (gw_url + "/v1/chat/completions", {"Authorization": f"Bearer {key}"}),
+            "rlgate+fsync": (fs_url + "/v1/chat/completions",
+                             {"Authorization": f"Bearer {fs_key}"}),
         }
         if args.litellm:
             cfg = tmp / "litellm.yaml"
@@ -160,7 +174,7 @@ def main() -> None:
         for name, (url, headers) in paths.items():
             lat[name] = sequential(url, headers, args.requests)
             rps[name] = asyncio.run(throughput(url, headers, args.load, args.concurrency))
-            print(f"{name:8s} p50 {1000 * statistics.median(lat[name]):7.2f} ms   "
+            print(f"{name:12s} p50 {1000 * statistics.median(lat[name]):7.2f} ms   "
                   f"p99 {1000 * pct(lat[name], 0.99):7.2f} ms   {rps[name]:8.1f} req/s",
                   flush=True)
 
@@ -170,23 +184,24 @@ def main() -> None:
         for name in paths:
             if name == "direct":
                 continue
-            print(f"  {name:8s} +{1000 * (statistics.median(lat[name]) - base50):6.2f} ms / "
+            print(f"  {name:12s} +{1000 * (statistics.median(lat[name]) - base50):6.2f} ms / "
                   f"+{1000 * (pct(lat[name], 0.99) - base99):6.2f} ms")
         if "litellm" in paths:
-            added_rl = statistics.median(lat["rlgate"]) - base50
             added_ll = statistics.median(lat["litellm"]) - base50
-            print(f"\nrlgate added p50 / LiteLLM added p50: {added_rl / added_ll:.2f}"
-                  "   (target <= 0.33)")
-            print(f"rlgate req/s / LiteLLM req/s:         {rps['rlgate'] / rps['litellm']:.2f}"
-                  "   (target >= 3)")
+            for name in ("rlgate", "rlgate+fsync"):
+                added = statistics.median(lat[name]) - base50
+                print(f"\n{name} added p50 / LiteLLM added p50: {added / added_ll:.2f}"
+                      "   (target <= 0.33)")
+                print(f"{name} req/s / LiteLLM req/s:         {rps[name] / rps['litellm']:.2f}"
+                      "   (target >= 3)")
         # everything rlgate acknowledged was recorded
         time.sleep(1.0)
         import sqlite3
 
-        n_rec = sqlite3.connect(tmp / "rlgate.db").execute(
-            "select count(*) from interactions").fetchone()[0]
         sent = 10 + args.requests + args.concurrency + args.load
-        print(f"\nrlgate recorded {n_rec} of {sent} requests")
+        for name, db in (("rlgate", db_default), ("rlgate+fsync", db_fsync)):
+            n_rec = sqlite3.connect(db).execute("select count(*) from interactions").fetchone()[0]
+            print(f"{name} recorded {n_rec} of {sent} requests")
     finally:
         for p in procs:
             p.terminate()

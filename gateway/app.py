@@ -89,7 +89,10 @@ def build_gateway(settings: Settings) -> Gateway:
     )
     sessions = SessionStore(factory, settings.session_idle_timeout_s)
     recorder = Recorder(
-        factory, settings.data_dir / "spool", on_sessions_written=sessions.committed
+        factory,
+        settings.data_dir / "spool",
+        fsync=settings.spool_fsync,
+        on_sessions_written=sessions.committed,
     )
     pipeline = Pipeline(
         renderer=renderer,

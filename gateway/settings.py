@@ -76,6 +76,12 @@ class Settings(BaseSettings):
         60.0, gt=0, description="Trainer beat interval (schedule, threshold, retries)."
     )
     reasoning_parser: bool = Field(False, description="Split <think>...</think> into reasoning.")
+    spool_fsync: bool = Field(
+        False,
+        description="fdatasync the recording spool before each response (survives power "
+        "loss; costs a disk flush per request batch). Off: records reach the spool file "
+        "before the response is sent, which survives a gateway crash or kill.",
+    )
 
     @classmethod
     def settings_customise_sources(

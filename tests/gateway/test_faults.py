@@ -63,13 +63,16 @@ class _WriteBlock:
 
 
 def test_sigkill_after_acknowledged_responses_loses_nothing(db_url, engine, tmp_path):
+    # both spool modes: fdatasync per group commit (SQLite run) and the default page-cache
+    # write (PostgreSQL run); a SIGKILL loses nothing acknowledged in either
+    fsync = "true" if db_url.startswith("sqlite") else "false"
     factory, secret = _setup_db(db_url)
     headers = {"Authorization": f"Bearer {secret}", "X-Session-Id": "durability"}
     data_dir = tmp_path / "gw"
     n_target = 12
     acked: list[str] = []
     lock = threading.Lock()
-    with gateway(data_dir, db_url, engine.url) as gw:
+    with gateway(data_dir, db_url, engine.url, spool_fsync=fsync) as gw:
         # open the session first (a write), then block all writes to interactions
         warm = httpx.post(
             gw.url + "/v1/chat/completions",
