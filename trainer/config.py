@@ -43,7 +43,7 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     epochs: int = 1
     num_minibatches: int = 1  # optimizer steps per epoch
-    micro_batch_tokens: int = 4096  # rows x longest sample of one forward
+    micro_batch_tokens: int = 2048  # rows x longest sample of one forward (memory bound)
     seed: int = 0
     # LoRA (must fit the engine: rank <= --max-lora-rank, targets in --lora-target-modules)
     lora_rank: int = 8
