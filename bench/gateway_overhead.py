@@ -161,7 +161,8 @@ def main() -> None:
                 "general_settings:\n  master_key: sk-bench-master-key-0123456789abcdef\n")
             ll_port = free_port()
             ll = spawn([args.litellm, "--config", str(cfg), "--port", str(ll_port),
-                        "--num_workers", "1"], "litellm.log")
+                        "--num_workers", "1"], "litellm.log",
+                       {"LITELLM_LOCAL_MODEL_COST_MAP": "True"})  # no network fetch
             wait_up(f"http://127.0.0.1:{ll_port}/health/liveliness", ll, 180)
             paths["litellm"] = (
                 f"http://127.0.0.1:{ll_port}/v1/chat/completions",

@@ -32,14 +32,14 @@ MAX_TOKENS = 16
 # Training settings of the demo project (Project.settings["training"], see trainer/config.py)
 TRAINING = {
     "schedule_minutes": 0.25,
-    "threshold": 64,
-    "min_samples": 32,
-    "max_samples": 256,
+    "threshold": 32,  # a run as soon as 8 rated groups wait: one optimizer step each
+    "min_samples": 16,
+    "max_samples": 64,
     "max_staleness": 2,
-    "lr": 2e-4,
+    "lr": 3e-4,
     "lora_rank": 16,
     "lora_alpha": 32.0,
-    "num_minibatches": 2,
+    "num_minibatches": 1,
 }
 
 
