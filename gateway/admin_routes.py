@@ -837,6 +837,31 @@ async def api_key_revoke(key_id: str, request: Request) -> JSONResponse:
     return JSONResponse(out)
 
 
+@router.get("/admin/api/projects/{project_id}/training")
+async def api_training_get(project_id: str, request: Request) -> JSONResponse:
+    ctx = await api_ctx(request)
+    try:
+        pid = _project_for(ctx, project_id)
+        out = await asyncio.to_thread(actions.training_settings, gw_of(request).factory, pid)
+    except ActionError as e:
+        raise _api_error(e) from None
+    return JSONResponse(out)
+
+
+@router.patch("/admin/api/projects/{project_id}/training")
+async def api_training_patch(project_id: str, request: Request) -> JSONResponse:
+    ctx = await api_ctx(request, post=True)
+    body = await _json_body(request)
+    try:
+        pid = _project_for(ctx, project_id)
+        out = await asyncio.to_thread(
+            actions.update_training_settings, gw_of(request).factory, pid, body, ctx.actor
+        )
+    except ActionError as e:
+        raise _api_error(e) from None
+    return JSONResponse(out)
+
+
 @router.post("/admin/api/actions/{action}")
 async def api_action(action: str, request: Request) -> JSONResponse:
     ctx = await api_ctx(request, post=True)

@@ -66,6 +66,9 @@ class TrainConfig:
         unknown = sorted(set(raw) - known)
         if unknown:
             raise TrainConfigError(f"unknown training settings {unknown}; known: {sorted(known)}")
+        for f in fields(cls):
+            if f.name in raw:
+                _check_type(f.name, raw[f.name], getattr(cls(), f.name), "None" in str(f.type))
         if "betas" in raw:
             raw["betas"] = tuple(raw["betas"])
         cfg = cls(**raw)
@@ -103,3 +106,21 @@ class TrainConfig:
         out = asdict(self)
         out["betas"] = list(self.betas)
         return out
+
+
+def _check_type(name: str, value: Any, default: Any, nullable: bool) -> None:
+    """A stored override must have its field's type (an int is fine for a float)."""
+    if value is None and nullable:
+        return
+    if isinstance(default, bool):
+        ok, kind = isinstance(value, bool), "true or false"
+    elif isinstance(default, int):
+        ok, kind = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif isinstance(default, float):
+        ok, kind = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+    elif isinstance(default, (list, tuple)):
+        ok, kind = isinstance(value, (list, tuple)), "a list"
+    else:
+        ok, kind = isinstance(value, type(default)), type(default).__name__
+    if not ok:
+        raise TrainConfigError(f"{name} must be {kind}, not {value!r}")

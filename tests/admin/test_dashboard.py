@@ -148,6 +148,26 @@ def test_json_api_with_bearer_admin_key(dash: Dash) -> None:
     assert {p["id"] for p in ov["projects"]} == {"p1", "big"}
 
 
+def test_training_settings_api(dash: Dash) -> None:
+    h = {"Authorization": f"Bearer {dash.admin_key}"}
+    with httpx.Client(base_url=dash.url, headers=h, timeout=60) as c:
+        url = "/admin/api/projects/p1/training"
+        before = c.get(url).json()
+        assert before["effective"]["lr"] == before["overrides"].get("lr", 1e-5)
+        r = c.patch(url, json={"lr": 3e-4, "threshold": 16})
+        assert r.status_code == 200, r.text
+        assert r.json()["overrides"]["lr"] == 3e-4 and r.json()["effective"]["threshold"] == 16
+        bad = c.patch(url, json={"lora_rank": 0, "nonsense": 1})
+        assert bad.status_code == 400 and "nonsense" in bad.text
+        bad = c.patch(url, json={"lr": "fast"})
+        assert bad.status_code == 400
+        assert c.get(url).json()["overrides"]["lr"] == 3e-4  # nothing half-written
+        r = c.patch(url, json={"threshold": None})  # null removes the override
+        assert "threshold" not in r.json()["overrides"]
+        assert c.get("/admin/api/projects/big/training").status_code == 404  # not its project
+        assert httpx.patch(dash.url + url, json={"lr": 1}, timeout=60).status_code == 401
+
+
 # ---- the browser ---------------------------------------------------------------------
 
 
