@@ -6,9 +6,10 @@
   the adapter (``optimizer.pt``) so periodic runs continue one optimization.
 - Forward passes run length-sorted, right-padded micro-batches (similar lengths share a
   batch, so little is padding) and apply the LM head only at the positions that predict
-  sampled tokens. (Packing many sequences into one row would need a varlen attention
-  kernel; with a block-diagonal mask, attention over a 4k-token row costs far more than
-  the model itself for agent-length samples on CPU.)
+  sampled tokens. Samples with the same prompt (a GRPO group) forward it once and reuse
+  its KV cache for their completions. (Packing many sequences into one row would need a
+  varlen attention kernel; with a block-diagonal mask, attention over a 4k-token row
+  costs far more than the model itself for agent-length samples on CPU.)
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def pick_device() -> tuple[torch.device, torch.dtype]:
 
 @dataclass
 class MicroBatch:
-    """Samples of similar length, right-padded to the longest into one forward."""
+    """Samples forwarded together. Samples that share a prompt (a GRPO group) share its
+    forward: the prompt runs once and its KV cache serves every completion."""
 
     samples: list[Sample]
 
@@ -49,18 +51,38 @@ class MicroBatch:
 
     @property
     def padded_tokens(self) -> int:
-        return len(self.samples) * max(s.length for s in self.samples)
+        return _cost(self.samples)
+
+    @property
+    def shares_prompts(self) -> bool:
+        return len({tuple(s.prompt_ids) for s in self.samples}) < len(self.samples)
+
+
+def _cost(samples: list[Sample]) -> int:
+    """Tokens a forward computes: one padded row per distinct prompt, then (when prompts
+    repeat) one padded row per completion; otherwise one padded row per sample."""
+    prompts = {tuple(s.prompt_ids) for s in samples}
+    if len(prompts) == len(samples):
+        return len(samples) * max(s.length for s in samples)
+    longest_prompt = max(len(p) for p in prompts)
+    longest_completion = max(len(s.completion_ids) for s in samples)
+    return len(prompts) * longest_prompt + len(samples) * longest_completion
 
 
 def make_micro_batches(samples: list[Sample], budget: int) -> list[MicroBatch]:
-    """Longest first; each batch takes the next samples while ``rows * longest`` stays
-    within ``budget`` tokens (a longer sample gets a batch of its own)."""
+    """Samples with the same prompt stay together; groups go longest first into batches
+    while the batch's forward stays within ``budget`` tokens (a group over the budget gets
+    a batch of its own)."""
+    groups: dict[tuple[int, ...], list[Sample]] = {}
+    for s in samples:
+        groups.setdefault(tuple(s.prompt_ids), []).append(s)
+    ordered = sorted(groups.values(), key=lambda g: max(s.length for s in g), reverse=True)
     batches: list[list[Sample]] = []
-    for s in sorted(samples, key=lambda s: s.length, reverse=True):
-        if batches and (len(batches[-1]) + 1) * batches[-1][0].length <= budget:
-            batches[-1].append(s)
+    for group in ordered:
+        if batches and _cost(batches[-1] + group) <= budget:
+            batches[-1].extend(group)
         else:
-            batches.append([s])
+            batches.append(list(group))
     return [MicroBatch(b) for b in batches]
 
 
@@ -140,30 +162,85 @@ class Policy:
     def batch_logprobs(self, batch: MicroBatch) -> list[torch.Tensor]:
         """Per sample, logprobs of its completion tokens under the current model (with the
         gradient if enabled), at each sample's recorded temperature."""
+        if batch.shares_prompts:
+            return self.shared_prompt_logprobs(batch)
+        return self.padded_logprobs(batch)
+
+    def _head(self, h: torch.Tensor, samples: list[Sample]) -> list[torch.Tensor]:
+        """LM head on the hidden states that predict each sampled token, then logprobs."""
+        targets = [t for s in samples for t in s.completion_ids]
+        temps = [s.temperature for s in samples for _ in s.completion_ids]
+        dev = self.device
+        logits = self.model.get_base_model().get_output_embeddings()(h)
+        lp = token_logprobs(
+            logits, torch.tensor(targets, device=dev), torch.tensor(temps, device=dev)
+        )
+        return list(lp.split([len(s.completion_ids) for s in samples]))
+
+    def shared_prompt_logprobs(self, batch: MicroBatch) -> list[torch.Tensor]:
+        """Each distinct prompt is forwarded once; its KV cache (still in the autograd
+        graph, so prompt positions get their gradient from every completion) is then
+        repeated for the completions that follow it."""
+        samples, dev = batch.samples, self.device
+        decoder = self.model.get_base_model().get_decoder()
+        index: dict[tuple[int, ...], int] = {}
+        for s in samples:
+            index.setdefault(tuple(s.prompt_ids), len(index))
+        prompts = list(index)
+        p_width = max(len(p) for p in prompts)
+        p_ids = torch.zeros(len(prompts), p_width, dtype=torch.long)
+        p_att = torch.zeros(len(prompts), p_width, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            p_ids[row, : len(prompt)] = torch.tensor(prompt)
+            p_att[row, : len(prompt)] = 1
+        out = decoder(input_ids=p_ids.to(dev), attention_mask=p_att.to(dev), use_cache=True)
+        rows = torch.tensor([index[tuple(s.prompt_ids)] for s in samples], device=dev)
+        cache = out.past_key_values
+        cache.reorder_cache(rows)  # row r: its sample's prompt (index_select, differentiable)
+        c_width = max(len(s.completion_ids) for s in samples)
+        c_ids = torch.zeros(len(samples), c_width, dtype=torch.long)
+        att = torch.zeros(len(samples), p_width + c_width, dtype=torch.long)
+        pos = torch.zeros(len(samples), c_width, dtype=torch.long)
+        for r, s in enumerate(samples):
+            c_ids[r, : len(s.completion_ids)] = torch.tensor(s.completion_ids)
+            att[r, : len(s.prompt_ids)] = 1
+            att[r, p_width : p_width + len(s.completion_ids)] = 1
+            pos[r] = torch.arange(len(s.prompt_ids), len(s.prompt_ids) + c_width)
+        c_hidden = decoder(
+            input_ids=c_ids.to(dev),
+            attention_mask=att.to(dev),
+            position_ids=pos.to(dev),
+            past_key_values=cache,
+            use_cache=True,
+        ).last_hidden_state
+        # token 0 is predicted by the prompt's last position, token j by completion j - 1
+        p_flat = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])
+        c_flat = c_hidden.reshape(-1, c_hidden.shape[-1])
+        pieces = []
+        for r, s in enumerate(samples):
+            last = int(rows[r]) * p_width + len(s.prompt_ids) - 1
+            pieces.append(p_flat[last : last + 1])
+            pieces.append(c_flat[r * c_width : r * c_width + len(s.completion_ids) - 1])
+        return self._head(torch.cat(pieces), samples)
+
+    def padded_logprobs(self, batch: MicroBatch) -> list[torch.Tensor]:
+        """One right-padded row per sample (prompt + completion)."""
         width = max(s.length for s in batch.samples)
         ids = torch.zeros(len(batch.samples), width, dtype=torch.long)
         attention = torch.zeros(len(batch.samples), width, dtype=torch.long)
         gather: list[int] = []
-        targets: list[int] = []
-        temps: list[float] = []
         for row, s in enumerate(batch.samples):
             ids[row, : s.length] = torch.tensor(s.prompt_ids + s.completion_ids)
             attention[row, : s.length] = 1
             start = row * width + len(s.prompt_ids) - 1  # position predicting token 0
             gather.extend(range(start, start + len(s.completion_ids)))
-            targets.extend(s.completion_ids)
-            temps.extend([s.temperature] * len(s.completion_ids))
         dev = self.device
         causal = self.model.get_base_model()
         hidden = causal.get_decoder()(
             input_ids=ids.to(dev), attention_mask=attention.to(dev), use_cache=False
         ).last_hidden_state
         h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, torch.tensor(gather, device=dev))
-        logits = causal.get_output_embeddings()(h)
-        lp = token_logprobs(
-            logits, torch.tensor(targets, device=dev), torch.tensor(temps, device=dev)
-        )
-        return list(lp.split([len(s.completion_ids) for s in batch.samples]))
+        return self._head(h, batch.samples)
 
     @torch.no_grad()
     def logprobs(

@@ -90,3 +90,44 @@ def test_a_one_step_run_forwards_each_sample_once(monkeypatch) -> None:
         assert steps[0]["ratio_mean"] == 1.0 and steps[0]["clip_frac"] == 0.0
         if n_mb == 2:  # the second step sees the first step's update against proximal
             assert steps[1]["ratio_mean"] != 1.0
+
+
+def _grouped(n_groups: int, size: int) -> list[Sample]:
+    rng = random.Random(5)
+    out = []
+    for g in range(n_groups):
+        prompt = [rng.randrange(100, 40000) for _ in range(rng.randint(6, 30))]
+        for i in range(size):
+            c = rng.randint(1, 9)
+            out.append(
+                Sample(
+                    f"g{g}s{i}", prompt, [rng.randrange(100, 40000) for _ in range(c)],
+                    [-1.0] * c, 0.8, 0.0, f"g{g}", "t", advantage=(-1.0) ** i,
+                )
+            )
+    return out
+
+
+def test_shared_prompt_forward_matches_the_padded_one() -> None:
+    """A group's prompt forwarded once (KV cache repeated per completion) gives the same
+    logprobs and the same LoRA gradient as one full row per sample."""
+    model_dir = resolve_model_dir(PACKAGED_MODEL, MODEL_CACHE)
+    policy = Policy.load(model_dir, TrainConfig(lora_rank=4))
+    with torch.no_grad():  # a non-zero adapter, so the prompt's gradient matters
+        for p in policy.params:
+            p.normal_(0, 0.02)
+    samples = _grouped(3, 4)
+    (batch,) = make_micro_batches(samples, budget=10_000)
+    assert batch.shares_prompts and batch.padded_tokens < sum(s.length for s in samples)
+    grads = []
+    results = []
+    for fn in (policy.shared_prompt_logprobs, policy.padded_logprobs):
+        policy.model.zero_grad(set_to_none=True)
+        lps = fn(batch)
+        sum(lp.sum() * s.advantage for lp, s in zip(lps, batch.samples, strict=True)).backward()
+        results.append([lp.detach() for lp in lps])
+        grads.append(torch.cat([p.grad.flatten() for p in policy.params]))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=0)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-4, rtol=1e-3)
+    assert grads[0].abs().sum() > 0
