@@ -10,6 +10,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import logging
 import os
 from typing import Any
@@ -32,8 +35,19 @@ app.conf.beat_schedule = {
 def train_project(
     project_id: str, trigger: str = "manual", run_id: str | None = None
 ) -> dict[str, Any]:
-    result = runner.run_training(project_id, trigger, run_id)
+    try:
+        result = runner.run_training(project_id, trigger, run_id)
+    finally:
+        _give_memory_back()
     return {k: v for k, v in result.items() if k != "steps"}
+
+
+def _give_memory_back() -> None:
+    """glibc keeps a run's freed activations in its arenas (a long-lived CPU worker stayed
+    at 9 GB after a run); hand them back to the system."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 @app.task(name="rlgate.retry_publish")
