@@ -26,15 +26,18 @@ from trainer.policy import Policy  # noqa: E402
 from trainer.train import train  # noqa: E402
 
 
-def batch(n: int, seed: int = 0) -> list[Sample]:
+def batch(n: int, seed: int = 0, group: int = 1) -> list[Sample]:
     rng = random.Random(seed)
     out = []
+    prompt: list[int] = []
     for i in range(n):  # agent-like: long prompts of varied length, short answers
-        p, c = rng.randint(32, 192), rng.randint(8, 48)
+        if i % group == 0:  # samples of one group (an n > 1 request) share the prompt
+            prompt = [rng.randrange(100, 40000) for _ in range(rng.randint(32, 192))]
+        c = rng.randint(8, 48)
         out.append(
             Sample(
                 f"s{i}",
-                [rng.randrange(100, 40000) for _ in range(p)],
+                prompt,
                 [rng.randrange(100, 40000) for _ in range(c)],
                 [-2.0] * c,
                 1.0,
@@ -86,13 +89,14 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=12)
     ap.add_argument("--iters", type=int, default=1)
     ap.add_argument("--naive-batch", type=int, default=4)
+    ap.add_argument("--group", type=int, default=1, help="samples per shared prompt (GRPO n)")
     ap.add_argument(
         "--data-dir", default=os.environ.get("RLGATE_ENGINE_TEST_CACHE", "/tmp/rlgate-engine-cache")
     )
     a = ap.parse_args()
     model_dir = resolve_model_dir(PACKAGED_MODEL, Path(a.data_dir))
     cfg = TrainConfig(micro_batch_tokens=2048, lora_rank=8, num_minibatches=1)
-    samples = batch(a.samples)
+    samples = batch(a.samples, group=a.group)
     tokens = sum(s.length for s in samples)
     policy = Policy.load(model_dir, cfg)
     opt = policy.make_optimizer(cfg, None)

@@ -104,10 +104,13 @@ def snippets(base: str, agent_key: str, model: str) -> str:
       -H "Content-Type: application/json" \\
       -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
 
-  Claude Code:
-    ANTHROPIC_BASE_URL={base} ANTHROPIC_AUTH_TOKEN={agent_key} claude -p "Hello!"
+  Claude Code (its default prompt, ~30k tokens, needs a long-context policy; with the
+  packaged model, whose context is short, use a short one):
+    ANTHROPIC_BASE_URL={base} ANTHROPIC_AUTH_TOKEN={agent_key} claude -p --bare \
+      --system-prompt "You are a helpful assistant." --tools "" "Hello!"
 
-  OpenClaw (custom OpenAI-compatible provider in its config):
+  OpenClaw (custom OpenAI-compatible provider in its config; its ~15k-token prompt needs
+  a long-context policy such as Qwen3 on SGLang, the packaged model answers a 400):
     baseUrl: {base}/v1    apiKey: {agent_key}    model: {model}
 
   Rate an answer (the id is the response's "id"):
@@ -139,6 +142,18 @@ class Stack:
         _stop(self.children)
 
 
+def split_cores(cores: int, trainer: bool) -> tuple[int, int]:
+    """(engine threads, trainer threads). The engine generates while the trainer trains,
+    so each gets its own share of the cores: two PyTorch thread pools on the same cores
+    spin against each other and both slow to a crawl (measured: the trainer at a fifth
+    of its speed next to a busy 2-thread engine on 2 cores). Without a trainer the
+    engine takes every core. An OMP_NUM_THREADS already set wins for the trainer."""
+    if not trainer or cores < 2:
+        return cores, cores
+    engine = cores // 2
+    return engine, int(os.environ.get("OMP_NUM_THREADS") or cores - engine)
+
+
 def launch(
     settings: Settings,
     port: int,
@@ -161,6 +176,9 @@ def launch(
         "RLGATE_ENGINE_PORT": str(engine_port),
         **(extra_env or {}),
     }
+    engine_threads, trainer_threads = split_cores(os.cpu_count() or 1, trainer)
+    if "--num-threads" not in engine_args:
+        engine_args = (*engine_args, "--num-threads", str(engine_threads))
     children: list[Child] = []
     try:
         click.echo(
@@ -178,7 +196,10 @@ def launch(
         _wait_healthy(children[-1], base, 120, ok=(200, 503))
         trainer_note = "trainer: not started (--no-trainer)"
         if trainer:
-            children.append(_start("worker", ["-m", "gateway.cli", "worker", "--beat"], logs, env))
+            worker_env = {"OMP_NUM_THREADS": str(trainer_threads), **env}
+            children.append(
+                _start("worker", ["-m", "gateway.cli", "worker", "--beat"], logs, worker_env)
+            )
             trainer_note = f"trainer: Celery worker + schedule (log {logs / 'worker.log'})"
     except BaseException:
         _stop(children)
