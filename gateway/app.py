@@ -99,7 +99,7 @@ def build_gateway(settings: Settings) -> Gateway:
         engines=engines,
         sessions=sessions,
         recorder=recorder,
-        serving=ServingPolicy(factory),
+        serving=ServingPolicy(factory, settings.serving_cache_s),
         metrics=metrics,
         tool_parser=settings.tool_parser or None,
         reasoning_parser=settings.reasoning_parser,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import time
 from collections import defaultdict
@@ -30,6 +31,8 @@ from gateway.templating import ChatRenderer
 from schemas.atdp import Interaction
 from schemas.coltypes import utcnow
 from schemas.tables import PolicyVersionRow
+
+log = logging.getLogger("rlgate.gateway")
 
 
 class Leases:
@@ -60,9 +63,8 @@ class Leases:
 class ServingPolicy:
     """Which adapter serves a project now (``policy_versions.status == 'serving'``)."""
 
-    TTL_S = 0.5
-
-    def __init__(self, factory: sessionmaker[Session]) -> None:
+    def __init__(self, factory: sessionmaker[Session], ttl_s: float = 0.5) -> None:
+        self.ttl_s = ttl_s
         self.factory = factory
         self._cache: dict[str, tuple[float, str | None]] = {}
 
@@ -72,14 +74,14 @@ class ServingPolicy:
     def cached(self, project_id: str) -> tuple[bool, str | None]:
         """(fresh, adapter) from the cache alone, for the hot path."""
         hit = self._cache.get(project_id)
-        if hit and time.monotonic() - hit[0] < self.TTL_S:
+        if hit and time.monotonic() - hit[0] < self.ttl_s:
             return True, hit[1]
         return False, None
 
     def adapter_for(self, project_id: str) -> str | None:
         now = time.monotonic()
         hit = self._cache.get(project_id)
-        if hit and now - hit[0] < self.TTL_S:
+        if hit and now - hit[0] < self.ttl_s:
             return hit[1]
         with self.factory() as db:
             name = db.scalars(
@@ -131,15 +133,19 @@ async def open_stream(pipeline: Pipeline, prep: Prepared) -> tuple[Any, StreamEv
     """Start generating before any response byte is sent, so an engine that is down or a
     request it refuses still gets a proper HTTP error instead of a broken 200 stream.
     Returns the event stream and its first event; pass both to ``replay``."""
-    events = pipeline.stream(prep)
-    try:
-        first = await events.__anext__()
-    except StopAsyncIteration:
-        return events, None
-    except BaseException:
-        await events.aclose()
-        raise
-    return events, first
+    for attempt in (0, 1):
+        events = pipeline.stream(prep)
+        try:
+            first = await events.__anext__()
+        except StopAsyncIteration:
+            return events, None
+        except BaseException as e:
+            await events.aclose()
+            if attempt == 0 and await pipeline.adapter_moved_on(prep, e):
+                continue  # nothing was generated or sent: retry on the new version
+            raise
+        return events, first
+    raise AssertionError("unreachable")
 
 
 async def replay(first: StreamEvent | None, events: Any) -> AsyncIterator[StreamEvent]:
@@ -285,7 +291,30 @@ class Pipeline:
 
     # ---- generation ------------------------------------------------------------------
 
+    async def adapter_moved_on(self, prep: Prepared, error: BaseException) -> bool:
+        """The engine refused this request's adapter because a newer version was published
+        and the old one unloaded between the (cached) lookup and the call. Looks up the
+        serving adapter again; True (and ``prep`` updated) if it changed, so the caller
+        retries once instead of failing the agent's call."""
+        if not (isinstance(error, APIError) and error.status == 400 and prep.adapter):
+            return False
+        self.serving.invalidate()
+        now = await asyncio.to_thread(self.serving.adapter_for, prep.principal.project_id)
+        if now == prep.adapter:
+            return False
+        log.info("adapter %s was replaced by %s mid-request: retrying", prep.adapter, now)
+        prep.adapter = now
+        return True
+
     async def run(self, prep: Prepared) -> list[Completion]:
+        try:
+            return await self._run_once(prep)
+        except APIError as e:
+            if not await self.adapter_moved_on(prep, e):
+                raise
+        return await self._run_once(prep)
+
+    async def _run_once(self, prep: Prepared) -> list[Completion]:
         self.metrics.in_flight.inc()
         if prep.adapter:
             await self.leases.acquire(prep.adapter)

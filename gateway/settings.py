@@ -76,6 +76,9 @@ class Settings(BaseSettings):
         60.0, gt=0, description="Trainer beat interval (schedule, threshold, retries)."
     )
     reasoning_parser: bool = Field(False, description="Split <think>...</think> into reasoning.")
+    serving_cache_s: float = Field(
+        0.5, ge=0, description="How long the gateway caches which adapter serves a project."
+    )
     spool_fsync: bool = Field(
         False,
         description="fdatasync the recording spool before each response (survives power "
