@@ -27,8 +27,8 @@ from gateway.settings import Settings
 
 PROMPT = "What is {a} + {b}? Reply with only the number."
 PROJECT = "demo"
-SAMPLING_TEMPERATURE = 0.8
-MAX_TOKENS = 16
+SAMPLING_TEMPERATURE = 1.0
+MAX_TOKENS = 8  # a bare number is 1-3 tokens; longer answers only cost sampling time
 # Training settings of the demo project (Project.settings["training"], see trainer/config.py)
 TRAINING = {
     "schedule_minutes": 0.25,
@@ -36,7 +36,7 @@ TRAINING = {
     "min_samples": 16,
     "max_samples": 64,
     "max_staleness": 2,
-    "lr": 3e-4,
+    "lr": 5e-4,
     "lora_rank": 16,
     "lora_alpha": 32.0,
     "num_minibatches": 1,
@@ -49,18 +49,22 @@ def exact_match(text: str | None, expected: int) -> bool:
 
 
 def score(text: str | None, expected: int) -> float:
-    """The verifier. 1 for exactly the number; partial credit gives the small base model
-    (which almost never answers tersely and correctly) a gradient: 0.5 when the right
-    number is there among other words, 0.25 for a bare number that is wrong, else 0."""
+    """The verifier. 1 for exactly the number. The small base model almost never answers
+    tersely, so partial credit gives it a gradient towards that: the right number inside
+    a longer answer earns 0.25 plus up to 0.5 the shorter the answer ("= 24": 0.5,
+    "5 + 19 = 24": 0.34); a bare wrong number earns up to 0.25 the closer it is ("23" for
+    24: 0.24, "1591": 0), so a bare random number is worth nothing."""
     if exact_match(text, expected):
         return 1.0
     from trainer.verifiers import last_number
 
-    got = last_number(text)
-    if got is not None and got == expected:
-        return 0.5
-    bare = (text or "").strip().rstrip(".").strip()
-    return 0.25 if bare.isdigit() else 0.0
+    stripped = (text or "").strip()
+    if last_number(text) == expected:
+        return 0.25 + 0.5 * len(str(expected)) / max(len(stripped), 1)
+    bare = stripped.rstrip(".")
+    if bare.isdigit():
+        return 0.25 * max(0.0, 1.0 - abs(int(bare) - expected) / expected)
+    return 0.0
 
 
 def split_pairs(eval_size: int, seed: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
