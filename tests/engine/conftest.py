@@ -149,12 +149,13 @@ def _make_adapter(
         lora_dropout=0.0,
         task_type="CAUSAL_LM",
     )
+    torch.manual_seed(seed)  # lora_A's init: the same adapter whatever ran before
     peft_model = get_peft_model(model, config)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in peft_model.named_parameters():
             if "lora_B" in name:  # PEFT initialises B to zero: make the adapter do something
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.1)
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
     peft_model.save_pretrained(str(out))
     return out
 
