@@ -186,6 +186,14 @@ class SessionStore:
                 hit = self._find_parent(db, p, hashes, row.id)
                 return SessionContext(row.id, hit[1] if hit else None, False)
             if external_id:  # (b) named by the client
+                # the in-memory pending copy first: the recorder drops it only after its
+                # commit, so pending-then-database cannot miss a session that exists
+                with self.lock:
+                    sid = self.pending_external.get((p.project_id, external_id))
+                pending = self._pending(sid) if sid else None
+                if sid and pending is not None:
+                    hit = self._find_parent(db, p, hashes, sid)
+                    return SessionContext(sid, hit[1] if hit else None, False, pending)
                 row = db.scalars(
                     select(SessionRow)
                     .where(
@@ -199,13 +207,7 @@ class SessionStore:
                 if row is not None:
                     hit = self._find_parent(db, p, hashes, row.id)
                     return SessionContext(row.id, hit[1] if hit else None, False)
-                with self.lock:
-                    sid = self.pending_external.get((p.project_id, external_id))
-                pending = self._pending(sid) if sid else None
-                if pending is None:
-                    return self._create(p, protocol, external_id, agent)
-                hit = self._find_parent(db, p, hashes, sid)
-                return SessionContext(sid, hit[1] if hit else None, False, pending)
+                return self._create(p, protocol, external_id, agent)
             # (c) stitching by conversation prefix
             hit = self._find_parent(db, p, hashes, None)
             if hit:
