@@ -22,7 +22,6 @@ import json
 import math
 import os
 import random
-import re
 import shutil
 import signal
 import string
@@ -35,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from trainer.verifiers import last_number  # the project's own number reader
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_HERMES = "/tmp/hermesvenv/bin/hermes"
@@ -58,7 +59,6 @@ TRAINING: dict[str, Any] = {
 # trains every few minutes once enough rated samples wait.
 MANUAL_TRIGGERS = {"schedule_minutes": 1440.0, "threshold": 1_000_000, "min_samples": 1_000_000}
 SCHEDULE_TRIGGERS = {"schedule_minutes": 3.0, "threshold": 32, "min_samples": 8}
-_NUMBER = re.compile(r"-?\d[\d,]*\.?\d*(?:[eE][-+]?\d+)?|-?\.\d+")
 
 
 # ---- tasks and the simulated user ---------------------------------------------------
@@ -97,16 +97,6 @@ def make_task(rng: random.Random) -> Task:
         prompt = f"Convert {value} degrees Celsius to Fahrenheit."
         return Task("convert", prompt, value * 1.8 + 32, rel_tol=5e-3)
     return Task("convert", f"Convert {value} {src} to {dst}.", value * factor, rel_tol=5e-3)
-
-
-def last_number(text: str) -> float | None:
-    found = _NUMBER.findall(text or "")
-    if not found:
-        return None
-    try:
-        return float(found[-1].replace(",", ""))
-    except ValueError:
-        return None
 
 
 def matches(got: float | None, task: Task) -> bool:
