@@ -196,7 +196,7 @@ def launch(
         _wait_healthy(children[-1], base, 120, ok=(200, 503))
         trainer_note = "trainer: not started (--no-trainer)"
         if trainer:
-            worker_env = {"OMP_NUM_THREADS": str(trainer_threads), **env}
+            worker_env = {**env, "OMP_NUM_THREADS": str(trainer_threads)}
             children.append(
                 _start("worker", ["-m", "gateway.cli", "worker", "--beat"], logs, worker_env)
             )

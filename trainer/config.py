@@ -66,9 +66,10 @@ class TrainConfig:
         unknown = sorted(set(raw) - known)
         if unknown:
             raise TrainConfigError(f"unknown training settings {unknown}; known: {sorted(known)}")
+        defaults = cls()
         for f in fields(cls):
             if f.name in raw:
-                _check_type(f.name, raw[f.name], getattr(cls(), f.name), "None" in str(f.type))
+                _check_type(f.name, raw[f.name], getattr(defaults, f.name), "None" in str(f.type))
         if "betas" in raw:
             raw["betas"] = tuple(raw["betas"])
         cfg = cls(**raw)
