@@ -57,8 +57,16 @@ class ResponsesRequest(_Loose):
     truncation: str | None = None
 
 
-# accepted and ignored: they do not change what the model generates here
-_IGNORED = {"prompt_cache_key", "service_tier", "safety_identifier", "stream_options"}
+# accepted and ignored: they do not change what the model generates here.
+# ``client_metadata`` is Codex's (0.17x sends installation/turn/window ids in it with
+# every request; the recorded request keeps it as sent).
+_IGNORED = {
+    "prompt_cache_key",
+    "service_tier",
+    "safety_identifier",
+    "stream_options",
+    "client_metadata",
+}
 
 
 def parse(body: Any) -> ResponsesRequest:

@@ -113,6 +113,13 @@ def _output_dict(c: Completion) -> dict[str, Any]:
     }
 
 
+def session_header(request: Request) -> str | None:
+    """The client's session id: ``X-Session-Id``, or Codex's own header (``session-id``
+    since 0.17x, ``session_id`` before)."""
+    h = request.headers
+    return h.get("x-session-id") or h.get("session-id") or h.get("session_id")
+
+
 @router.post("/v1/responses")
 @router.post("/responses", include_in_schema=False)
 async def create_response(request: Request) -> Response:
@@ -126,7 +133,7 @@ async def create_response(request: Request) -> Response:
         if p.kind not in ("agent", "admin"):
             raise APIError(403, f"a {p.kind} key cannot call models; use an agent key")
         history = await store.conversation(parsed.previous_response_id, p.project_id)
-    hint = request.headers.get("x-session-id") or request.headers.get("session_id")
+    hint = session_header(request)
     req = oresp.to_internal(parsed, body, history, hint)
     prep = await gw.pipeline.prepare(p, req, "resp_")
     model = gw.settings.served_model_name

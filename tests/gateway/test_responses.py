@@ -203,6 +203,56 @@ def test_function_call_round_trip(stack, tok):
     assert r3.prompt_token_ids[: len(r1.prompt_token_ids)] == r1.prompt_token_ids
 
 
+def test_codex_request_shape_and_session_header(stack):
+    """What codex-cli 0.171 sends (`codex exec`, custom provider, wire_api = "responses"):
+    developer messages with item ids, `strict: false` function tools, `reasoning`,
+    `include`, `store: false`, `prompt_cache_key`, its own `client_metadata` field, and a
+    `session-id` header that names the session."""
+    sid = "01a22834-32ee-78a0-8bd3-d67deac8a0a9"
+    client = stack.client(default_headers={"session-id": sid, "originator": "codex_exec"})
+
+    def codex_turn(text: str, stream: bool) -> str:
+        kw = dict(
+            model="rlgate-policy",
+            input=[
+                {
+                    "type": "message",
+                    "id": "msg_a5bc9e49-ca23-5f1a-96d3-2fe0bc261294",
+                    "role": "developer",
+                    "content": [{"type": "input_text", "text": "Answer briefly."}],
+                },
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": text}],
+                },
+            ],
+            tools=[{**ADD_TOOL, "strict": False}],
+            tool_choice="auto",
+            parallel_tool_calls=True,
+            reasoning={"summary": "auto"},
+            store=False,
+            include=["reasoning.encrypted_content"],
+            prompt_cache_key=sid,
+            max_output_tokens=4,
+            extra_body={"client_metadata": {"session_id": sid, "turn_id": "t1"}},
+        )
+        if not stream:
+            return client.responses.create(**kw).id
+        events = list(client.responses.create(stream=True, **kw))
+        assert events[-1].type in ("response.completed", "response.incomplete")
+        return events[-1].response.id
+
+    first, second = codex_turn("Say hi.", False), codex_turn("Something else.", True)
+    r1, r2 = wait_recorded(stack, [first, second])
+    assert r1.session_id == r2.session_id
+    assert r1.request["client_metadata"]["session_id"] == sid  # recorded as sent
+    from schemas.tables import SessionRow
+
+    with stack.factory() as db:
+        assert db.get(SessionRow, r1.session_id).external_id == sid
+
+
 def test_get_stored_response(stack):
     client = stack.client()
     resp = client.responses.create(model="gpt-5", input="Say hi.", max_output_tokens=4)
