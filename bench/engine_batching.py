@@ -31,11 +31,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_engine(data_dir: str, slots: int) -> tuple[subprocess.Popen[bytes], str]:
+def _start_engine(
+    data_dir: str, slots: int, extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     cmd = [sys.executable, "-m", "engine", "--port", str(port), "--data-dir", data_dir,
            "--max-running-requests", str(slots), "--context-length", "1024",
-           "--log-level", "warning"]
+           "--log-level", "warning", *extra]
     proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300

@@ -52,12 +52,16 @@ def _parse_lora_paths(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--served-model-name", default=None, help="Name in /v1/models (default: --model).")
 @click.option("--lora-paths", multiple=True, help="NAME=PATH adapters to load at start.")
 @click.option("--num-threads", type=int, default=None, help="Torch threads (default: all cores).")
+@click.option("--disable-prefix-reuse", is_flag=True,
+              help="Prefill every prompt in full instead of copying a prefix that a running "
+              "sequence already holds (for benchmarks).")
 @click.option("--log-level", default=None, help="Default: settings log_level.")
 def engine_command(
     host: str, port: int | None, model_path: str | None, data_dir: Path | None, dtype: str,
     max_lora_rank: int, lora_target_modules: str, max_loaded_loras: int,
     max_running_requests: int, context_length: int | None, served_model_name: str | None,
-    lora_paths: tuple[str, ...], num_threads: int | None, log_level: str | None,
+    lora_paths: tuple[str, ...], num_threads: int | None, disable_prefix_reuse: bool,
+    log_level: str | None,
 ) -> None:
     """Serve the embedded CPU engine (SGLang native protocol subset)."""
     from engine.server import EngineConfig, serve
@@ -83,4 +87,5 @@ def engine_command(
         log_level=log_level or settings.log_level,
         num_threads=num_threads,
         lora_paths=_parse_lora_paths(lora_paths),
+        prefix_reuse=not disable_prefix_reuse,
     ))

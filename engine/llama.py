@@ -207,26 +207,43 @@ class LlamaModel:
 
     @torch.inference_mode()
     def prefill(
-        self, input_ids: list[int], slot: int, cache: KVCache, lora: LoraBatch | None
+        self,
+        input_ids: list[int],
+        slot: int,
+        cache: KVCache,
+        lora: LoraBatch | None,
+        start: int = 0,
     ) -> torch.Tensor:
-        """Run the whole prompt, fill ``slot``'s cache, return last-position logits ``(V,)``."""
+        """Run the prompt, fill ``slot``'s cache, return last-position logits ``(V,)``.
+
+        With ``start > 0`` the slot already holds the keys and values of
+        ``input_ids[:start]`` (a shared prefix copied from another slot): only the rest is
+        computed, attending over the cached prefix.
+        """
         cfg = self.cfg
         n = len(input_ids)
+        if not 0 <= start < n:
+            raise ValueError(f"prefill start {start} must be in [0, {n})")
         group = cfg.num_heads // cfg.num_kv_heads
-        ids = torch.tensor(input_ids, dtype=torch.long)
-        cos, sin = self._rope(torch.arange(n))
+        ids = torch.tensor(input_ids[start:], dtype=torch.long)
+        cos, sin = self._rope(torch.arange(start, n))
+        # query j (position start + j) sees keys 0..start + j
+        mask = None
+        if start:
+            mask = torch.arange(n)[None, :] <= torch.arange(start, n)[:, None]
         h = F.embedding(ids, self.embed)
         for i in range(cfg.num_layers):
             x = self.input_norms[i](h)
             q, k, v = self._qkv(x, i, cos, sin, lora)
-            cache.k[i][slot, :, :n] = k.transpose(0, 1)
-            cache.v[i][slot, :, :n] = v.transpose(0, 1)
-            kk = k.transpose(0, 1).repeat_interleave(group, dim=0)
-            vv = v.transpose(0, 1).repeat_interleave(group, dim=0)
+            cache.k[i][slot, :, start:n] = k.transpose(0, 1)
+            cache.v[i][slot, :, start:n] = v.transpose(0, 1)
+            kk = cache.k[i][slot, :, :n].repeat_interleave(group, dim=0)
+            vv = cache.v[i][slot, :, :n].repeat_interleave(group, dim=0)
             attn = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None], kk[None], vv[None], is_causal=True
-            )  # (1, H, n, D)
-            attn = attn[0].transpose(0, 1).reshape(n, cfg.num_heads * cfg.head_dim)
+                q.transpose(0, 1)[None], kk[None], vv[None],
+                attn_mask=mask, is_causal=mask is None,
+            )  # (1, H, n - start, D)
+            attn = attn[0].transpose(0, 1).reshape(n - start, cfg.num_heads * cfg.head_dim)
             h = h + self._linear(attn, i, "o_proj", lora)
             h = h + self._mlp(self.post_norms[i](h), i, lora)
         return self._logits(h[-1:])[0]

@@ -54,6 +54,7 @@ class Request:
     top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     finish_reason: dict[str, Any] | None = None
     slot: int = -1
+    cached_tokens: int = 0  # prompt positions copied from another slot, not recomputed
     generator: torch.Generator = field(default_factory=torch.Generator)
 
 
@@ -69,6 +70,7 @@ class Scheduler:
         context_length: int,
         weight_version: str = "default",
         num_threads: int | None = None,
+        prefix_reuse: bool = True,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -85,6 +87,8 @@ class Scheduler:
         self._thread = threading.Thread(target=self._loop, name="rlgate-scheduler", daemon=True)
         self._stopped = threading.Event()
         self.steps = 0
+        self.prefix_reuse = prefix_reuse
+        self.reused_tokens = 0
 
     # ---- API for other threads ----------------------------------------------------------
 
@@ -160,13 +164,39 @@ class Scheduler:
             self._running.append(req)
             try:
                 lora = LoraBatch.for_rows([req.adapter])
-                logits = self.model.prefill(req.input_ids, req.slot, self.cache, lora)
+                start = self._reuse_prefix(req) if self.prefix_reuse else 0
+                logits = self.model.prefill(req.input_ids, req.slot, self.cache, lora, start)
                 self._accept(req, sample_batch(
                     logits[None], [req.params], [req.generator], [req.top_logprobs_num]
                 )[0])
             except Exception:
                 log.error("prefill of %s failed:\n%s", req.rid, traceback.format_exc())
                 self._finish(req, _abort("internal engine error during prefill"))
+
+    def _reuse_prefix(self, req: Request) -> int:
+        """Copy the longest prompt prefix another running sequence (same adapter) already
+        holds in its KV slot; returns how many positions were copied. Requests that share
+        a system prompt, or the ``n`` samples of one request, then prefill only the rest.
+        At least the last prompt token is recomputed: its logits give the first token."""
+        best, donor = 0, None
+        limit = len(req.input_ids) - 1
+        for other in self._running:
+            if other is req or other.adapter is not req.adapter or not other.output_ids:
+                continue
+            cached = other.input_ids + other.output_ids[:-1]  # what its slot holds
+            n = 0
+            for a, b in zip(req.input_ids[:limit], cached, strict=False):
+                if a != b:
+                    break
+                n += 1
+            if n > best:
+                best, donor = n, other
+        if donor is not None:
+            self.cache.move(donor.slot, req.slot, best)
+            req.cached_tokens = best
+            self.reused_tokens += best
+            return best
+        return 0
 
     def _decode_step(self) -> None:
         running = self._running
@@ -258,7 +288,7 @@ class Scheduler:
             "finish_reason": reason if final else None,
             "prompt_tokens": len(req.input_ids),
             "completion_tokens": len(req.output_ids),
-            "cached_tokens": 0,
+            "cached_tokens": req.cached_tokens,
             "weight_version": self.weight_version,
             "e2e_latency": time.monotonic() - req.created,
         }

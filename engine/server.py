@@ -61,6 +61,7 @@ class EngineConfig:
     log_level: str = "info"
     num_threads: int | None = None
     lora_paths: dict[str, str] = field(default_factory=dict)
+    prefix_reuse: bool = True
 
 
 class Engine:
@@ -96,6 +97,7 @@ class Engine:
             max_running=config.max_running_requests,
             context_length=self.context_length,
             num_threads=config.num_threads,
+            prefix_reuse=config.prefix_reuse,
         )
         for name, path in config.lora_paths.items():
             self.load_adapter(name, path, pinned=True)
@@ -238,6 +240,8 @@ def create_app(engine: Engine) -> FastAPI:
             "max_loaded_loras": engine.config.max_loaded_loras,
             "dtype": engine.config.dtype,
             "version": "rlgate-embedded",
+            "decode_steps": scheduler.steps,
+            "prefix_reused_tokens": scheduler.reused_tokens,
             **scheduler.load,
         }
 

@@ -1,0 +1,79 @@
+"""Prefix reuse: a request whose prompt starts like a running sequence's copies that
+sequence's cached keys/values and prefills only the rest. Real packaged model."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.llama import KVCache, LlamaModel
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_prefill_from_a_copied_prefix_equals_full_prefill(model_dir: Path, chat_ids) -> None:  # type: ignore[no-untyped-def]
+    model = LlamaModel(model_dir)
+    cache = KVCache(model.cfg, 3, 256, model.dtype)
+    donor, ids = chat_ids[0], chat_ids[1]
+    shared = next(i for i, (a, b) in enumerate(zip(donor, ids, strict=False)) if a != b)
+    assert shared > 10  # the chat template's system prompt
+
+    model.prefill(donor, 0, cache, None)
+    full = model.prefill(ids, 1, cache, None)
+    cache.move(0, 2, shared)
+    reused = model.prefill(ids, 2, cache, None, start=shared)
+
+    torch.testing.assert_close(reused, full, atol=1e-4, rtol=1e-4)
+    for k in cache.k + cache.v:
+        torch.testing.assert_close(k[2, :, : len(ids)], k[1, :, : len(ids)], atol=1e-4, rtol=1e-4)
+    # and decoding on from either slot gives the same next-token distribution
+    nxt = torch.tensor([int(full.argmax())] * 2)
+    pos = torch.tensor([len(ids)] * 2)
+    cache.move(1, 0, len(ids))
+    cache.move(2, 1, len(ids))
+    logits = model.decode(nxt, pos, cache, None)
+    torch.testing.assert_close(logits[0], logits[1], atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="prefill start"):
+        model.prefill(ids, 2, cache, None, start=len(ids))
+
+
+def test_concurrent_requests_reuse_the_shared_prompt(generate, client, chat_ids) -> None:  # type: ignore[no-untyped-def]
+    bodies = [
+        {
+            "input_ids": ids,
+            "return_logprob": True,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True},
+        }
+        for ids in chat_ids
+    ]
+    before = client.get("/get_server_info").json()["prefix_reused_tokens"]
+    serial = [generate(client, **b) for b in bodies]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        together = list(pool.map(lambda b: generate(client, **b), bodies))
+    # same tokens; logprobs equal up to float error
+    assert [r["output_ids"] for r in together] == [r["output_ids"] for r in serial]
+    for a, b in zip(together, serial, strict=True):
+        la = [x[0] for x in a["meta_info"]["output_token_logprobs"]]
+        lb = [x[0] for x in b["meta_info"]["output_token_logprobs"]]
+        assert la == pytest.approx(lb, abs=1e-3)
+    cached = [r["meta_info"]["cached_tokens"] for r in together]
+    assert max(cached) > 10, cached  # later arrivals copied the system prompt
+    assert all(c < len(ids) for c, ids in zip(cached, chat_ids, strict=True))
+    after = client.get("/get_server_info").json()["prefix_reused_tokens"]
+    assert after - before >= sum(cached)
+
+
+def test_n_samples_of_one_prompt_prefill_once(generate, client, chat_ids) -> None:  # type: ignore[no-untyped-def]
+    ids = chat_ids[2]
+    many = generate(
+        client,
+        input_ids=ids,
+        sampling_params={"temperature": 1.0, "max_new_tokens": 6, "n": 4},
+    )
+    cached = sorted(m["meta_info"]["cached_tokens"] for m in many)
+    # the first is prefilled in full; the others copy all but the last prompt token
+    assert cached[0] == 0
+    assert cached[1:] == [len(ids) - 1] * 3
