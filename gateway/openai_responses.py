@@ -184,15 +184,38 @@ def parse_input(items: str | list[Any], where: str = "input") -> list[Message]:
     return out
 
 
-def parse_tools(raw: list[Any] | None) -> list[Tool]:
+def namespaces(raw: Any) -> dict[str, str]:
+    """Function name -> its namespace, for the functions of ``namespace`` tools."""
+    out: dict[str, str] = {}
+    for t in raw if isinstance(raw, list) else []:
+        if isinstance(t, dict) and t.get("type") == "namespace":
+            for f in t.get("tools") or []:
+                if isinstance(f, dict) and isinstance(f.get("name"), str):
+                    out.setdefault(f["name"], str(t.get("name")))
+    return out
+
+
+def parse_tools(raw: list[Any] | None, where_prefix: str = "tools") -> list[Tool]:
+    """Function tools; a ``namespace`` tool (a named group of functions; Codex sends its
+    sub-agent tools as one) contributes its functions by their own names, and calls of
+    them come back with the ``namespace`` field set."""
     tools: list[Tool] = []
     for i, t in enumerate(raw or []):
-        where = f"tools[{i}]"
+        where = f"{where_prefix}[{i}]"
+        if isinstance(t, dict) and t.get("type") == "namespace" and where_prefix == "tools":
+            if not isinstance(t.get("name"), str) or not TOOL_NAME.match(t["name"]):
+                raise bad_request(
+                    f"{where}.name must match ^[A-Za-z0-9_-]{{1,64}}$", f"{where}.name"
+                )
+            if not isinstance(t.get("tools"), list):
+                raise bad_request(f"{where}.tools must be a list of function tools", where)
+            tools += parse_tools(t["tools"], f"{where}.tools")
+            continue
         if not isinstance(t, dict) or t.get("type") != "function":
             kind = t.get("type") if isinstance(t, dict) else None
             raise bad_request(
-                f"{where} is a {kind!r} tool; only 'function' tools are supported (hosted "
-                "tools such as web_search run at OpenAI, not here)",
+                f"{where} is a {kind!r} tool; only 'function' and 'namespace' tools are "
+                "supported (hosted tools such as web_search run at OpenAI, not here)",
                 f"{where}.type",
             )
         name = t.get("name")
@@ -303,8 +326,10 @@ def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
     }
 
 
-def call_item(item_id: str, call: ToolCallOut, status: str = "completed") -> dict[str, Any]:
-    return {
+def call_item(
+    item_id: str, call: ToolCallOut, status: str = "completed", ns: dict[str, str] | None = None
+) -> dict[str, Any]:
+    item = {
         "type": "function_call",
         "id": item_id,
         "call_id": call.id,
@@ -312,15 +337,18 @@ def call_item(item_id: str, call: ToolCallOut, status: str = "completed") -> dic
         "arguments": call.arguments,
         "status": status,
     }
+    if ns and call.name in ns:
+        item["namespace"] = ns[call.name]
+    return item
 
 
-def output_items(c: Completion) -> list[dict[str, Any]]:
+def output_items(c: Completion, ns: dict[str, str] | None = None) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     if c.reasoning is not None:
         items.append(reasoning_item(_id("rs"), c.reasoning))
     if c.content or not c.tool_calls:
         items.append(message_item(_id("msg"), c.content or ""))
-    items += [call_item(_id("fc"), t) for t in c.tool_calls]
+    items += [call_item(_id("fc"), t, ns=ns) for t in c.tool_calls]
     return items
 
 
@@ -399,7 +427,8 @@ def stored_object(
 
 
 def response_body(prep: Prepared, c: Completion, model: str) -> dict[str, Any]:
-    return response_object(prep, model, "completed", output_items(c), c, int(time.time()))
+    items = output_items(c, namespaces(prep.req.raw.get("tools")))
+    return response_object(prep, model, "completed", items, c, int(time.time()))
 
 
 # ---- streaming ----------------------------------------------------------------------
@@ -408,7 +437,8 @@ def response_body(prep: Prepared, c: Completion, model: str) -> dict[str, Any]:
 class _Items:
     """Output items as they stream: opens, fills and closes them in OpenAI's order."""
 
-    def __init__(self) -> None:
+    def __init__(self, ns: dict[str, str] | None = None) -> None:
+        self.ns = ns
         self.seq = 0
         self.items: list[dict[str, Any]] = []
         self.open: str | None = None  # "message" | "reasoning"
@@ -481,9 +511,9 @@ class _Items:
     def call(self, call: ToolCallOut) -> list[bytes]:
         out = self.close()
         item_id = _id("fc")
-        added = call_item(item_id, call, "in_progress")
+        added = call_item(item_id, call, "in_progress", self.ns)
         added["arguments"] = ""
-        self.items.append(call_item(item_id, call))
+        self.items.append(call_item(item_id, call, ns=self.ns))
         ref = {"item_id": item_id, "output_index": self.index}
         out.append(self.ev("response.output_item.added", output_index=self.index, item=added))
         out.append(self.ev("response.function_call_arguments.delta", **ref, delta=call.arguments))
@@ -522,7 +552,7 @@ async def stream_body(
 ) -> AsyncIterator[bytes]:
     """OpenAI's Responses event sequence; the record is durable before the final event."""
     created = int(time.time())
-    items = _Items()
+    items = _Items(namespaces(prep.req.raw.get("tools")))
     start = response_object(prep, model, "in_progress", [], None, created)
     yield items.ev("response.created", response=start)
     yield items.ev("response.in_progress", response=start)

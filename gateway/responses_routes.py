@@ -195,7 +195,7 @@ async def get_response(response_id: str, request: Request) -> dict[str, Any]:
         len(row.prompt_token_ids),
         gw.settings.served_model_name,
         "completed",
-        oresp.output_items(completion),
+        oresp.output_items(completion, oresp.namespaces(row.request.get("tools"))),
         completion,
         int(row.created_at.timestamp()),
     )

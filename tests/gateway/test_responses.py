@@ -32,6 +32,27 @@ ADD_TOOL = {
 }
 
 
+# Codex sends its sub-agent tools as one Responses `namespace` tool
+SPAWN_TOOL = {
+    "type": "function",
+    "name": "spawn_agent",
+    "description": "Spawn a sub-agent.",
+    "strict": False,
+    "parameters": {
+        "type": "object",
+        "properties": {"message": {"type": "string"}},
+        "required": ["message"],
+        "additionalProperties": False,
+    },
+}
+NS_TOOL = {
+    "type": "namespace",
+    "name": "multi_agent_v1",
+    "description": "Tools for spawning and managing sub-agents.",
+    "tools": [SPAWN_TOOL],
+}
+
+
 @pytest.fixture(scope="module")
 def tok(model_dir):  # type: ignore[no-untyped-def]
     return AutoTokenizer.from_pretrained(str(model_dir))
@@ -253,6 +274,18 @@ def test_codex_request_shape_and_session_header(stack):
         assert db.get(SessionRow, r1.session_id).external_id == sid
 
 
+def test_namespace_tools_render_as_their_functions(stack):
+    """A `namespace` tool contributes its functions: the prompt is the one the same
+    functions sent as plain function tools render to."""
+    client = stack.client()
+    kw = dict(model="gpt-5", input="Say hi.", max_output_tokens=2, temperature=0)
+    grouped = client.responses.create(tools=[ADD_TOOL, NS_TOOL], **kw)
+    flat = client.responses.create(tools=[ADD_TOOL, SPAWN_TOOL], **kw)
+    assert [t.type for t in grouped.tools] == ["function", "namespace"]  # echoed as sent
+    rg, rf = wait_recorded(stack, [grouped.id, flat.id])
+    assert rg.prompt_token_ids == rf.prompt_token_ids
+
+
 def test_get_stored_response(stack):
     client = stack.client()
     resp = client.responses.create(model="gpt-5", input="Say hi.", max_output_tokens=4)
@@ -276,6 +309,8 @@ BAD = [
     ),
     ({"input": [{"type": "function_call_output", "output": "5"}]}, "call_id"),
     ({"input": OK, "tools": [{"type": "web_search"}]}, "function"),
+    ({"input": OK, "tools": [{**NS_TOOL, "tools": [{"type": "web_search"}]}]}, "tools[0].tools[0]"),
+    ({"input": OK, "tools": [{**NS_TOOL, "name": "bad name!"}]}, "tools[0].name"),
     ({"input": OK, "tools": [{"type": "function", "name": "bad name!"}]}, "name"),
     (
         {"input": OK, "tools": [{"type": "function", "name": "f", "parameters": {"type": "x"}}]},
@@ -385,3 +420,41 @@ def test_translator_stream_events_validate_against_the_sdk():
     assert final.output_text == "Hi"
     added = [p.item.id for p in parsed if p.type == "response.output_item.added"]
     assert added == [o.id for o in final.output]
+
+
+def test_translator_namespace_calls_carry_the_namespace():
+    body = {"input": "hi", "tools": [ADD_TOOL, NS_TOOL]}
+    req = oresp.to_internal(oresp.parse(body), body, [], None)
+    assert [t.name for t in req.tools] == ["add", "spawn_agent"]
+    prep = Prepared(
+        Principal("k", "p", "agent"), req, SessionContext("s", None, False), [1], None, 9, "r"
+    )
+    calls = [ToolCallOut("c1", "add", "{}"), ToolCallOut("c2", "spawn_agent", '{"message": "x"}')]
+    done = Completion(0, [5], [-0.1], None, "", None, None, calls, "tool_calls", 1)
+    resp = openai.types.responses.Response.model_validate(oresp.response_body(prep, done, "m"))
+    assert [(o.name, o.namespace) for o in resp.output] == [
+        ("add", None),
+        ("spawn_agent", "multi_agent_v1"),
+    ]
+
+    class _P:
+        async def record(self, prep, completions):  # type: ignore[no-untyped-def]
+            pass
+
+    async def run() -> str:
+        async def gen():  # type: ignore[no-untyped-def]
+            if False:
+                yield None
+
+        ev = StreamEvent(0, tool_calls=calls, finished=done)
+        return b"".join([b async for b in oresp.stream_body(_P(), prep, gen(), ev, "m")]).decode()
+
+    datas = [json.loads(x[6:]) for x in run_in_fresh_loop(run()).splitlines() if x[:6] == "data: "]
+    from pydantic import TypeAdapter
+
+    adapter = TypeAdapter(openai.types.responses.ResponseStreamEvent)
+    final = adapter.validate_python(datas[-1]).response
+    assert [(o.name, o.namespace) for o in final.output] == [
+        ("add", None),
+        ("spawn_agent", "multi_agent_v1"),
+    ]
