@@ -186,7 +186,11 @@ class LlamaModel:
         return self._linear(F.silu(gate) * up, layer, "down_proj", lora)
 
     def _qkv(
-        self, x: torch.Tensor, layer: int, cos: torch.Tensor, sin: torch.Tensor,
+        self,
+        x: torch.Tensor,
+        layer: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
         lora: LoraBatch | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rotated q ``(N, H, D)``, k ``(N, KVH, D)``, and v ``(N, KVH, D)``."""
@@ -205,7 +209,6 @@ class LlamaModel:
 
     # ---- forward passes -----------------------------------------------------------------
 
-    @torch.inference_mode()
     def prefill(
         self,
         input_ids: list[int],
@@ -214,43 +217,70 @@ class LlamaModel:
         lora: LoraBatch | None,
         start: int = 0,
     ) -> torch.Tensor:
-        """Run the prompt, fill ``slot``'s cache, return last-position logits ``(V,)``.
+        """One prompt: fill ``slot``'s cache, return last-position logits ``(V,)``."""
+        return self.prefill_batch([(input_ids, slot, start)], cache, lora)[0]
 
-        With ``start > 0`` the slot already holds the keys and values of
-        ``input_ids[:start]`` (a shared prefix copied from another slot): only the rest is
-        computed, attending over the cached prefix.
+    @torch.inference_mode()
+    def prefill_batch(
+        self,
+        items: list[tuple[list[int], int, int]],
+        cache: KVCache,
+        lora: LoraBatch | None,
+    ) -> torch.Tensor:
+        """Prefill several prompts in one pass; returns last-position logits ``(B, V)``.
+
+        Each item is ``(input_ids, slot, start)``. With ``start > 0`` the slot already holds
+        the keys and values of ``input_ids[:start]`` (a shared prefix copied from another
+        slot): only the rest is computed, attending over the cached prefix. The prompts'
+        new tokens are concatenated into one flat batch for the projections and the MLP
+        (``lora`` rows follow that order); attention runs per prompt over its own slot.
         """
         cfg = self.cfg
-        n = len(input_ids)
-        if not 0 <= start < n:
-            raise ValueError(f"prefill start {start} must be in [0, {n})")
         group = cfg.num_heads // cfg.num_kv_heads
-        ids = torch.tensor(input_ids[start:], dtype=torch.long)
-        cos, sin = self._rope(torch.arange(start, n))
-        # query j (position start + j) sees keys 0..start + j
-        mask = None
-        if start:
-            mask = torch.arange(n)[None, :] <= torch.arange(start, n)[:, None]
-        h = F.embedding(ids, self.embed)
+        ids: list[int] = []
+        positions: list[torch.Tensor] = []
+        spans: list[tuple[int, int, int, int, int, torch.Tensor | None]] = []
+        for input_ids, slot, start in items:
+            n = len(input_ids)
+            if not 0 <= start < n:
+                raise ValueError(f"prefill start {start} must be in [0, {n})")
+            lo = len(ids)
+            ids.extend(input_ids[start:])
+            positions.append(torch.arange(start, n))
+            # query j (position start + j) sees keys 0..start + j
+            mask = torch.arange(n)[None, :] <= positions[-1][:, None] if start else None
+            spans.append((lo, len(ids), slot, start, n, mask))
+        cos, sin = self._rope(torch.cat(positions))
+        h = F.embedding(torch.tensor(ids, dtype=torch.long), self.embed)
         for i in range(cfg.num_layers):
             x = self.input_norms[i](h)
             q, k, v = self._qkv(x, i, cos, sin, lora)
-            cache.k[i][slot, :, start:n] = k.transpose(0, 1)
-            cache.v[i][slot, :, start:n] = v.transpose(0, 1)
-            kk = cache.k[i][slot, :, :n].repeat_interleave(group, dim=0)
-            vv = cache.v[i][slot, :, :n].repeat_interleave(group, dim=0)
-            attn = F.scaled_dot_product_attention(
-                q.transpose(0, 1)[None], kk[None], vv[None],
-                attn_mask=mask, is_causal=mask is None,
-            )  # (1, H, n - start, D)
-            attn = attn[0].transpose(0, 1).reshape(n - start, cfg.num_heads * cfg.head_dim)
+            outs = []
+            for lo, hi, slot, start, n, mask in spans:
+                cache.k[i][slot, :, start:n] = k[lo:hi].transpose(0, 1)
+                cache.v[i][slot, :, start:n] = v[lo:hi].transpose(0, 1)
+                kk = cache.k[i][slot, :, :n].repeat_interleave(group, dim=0)
+                vv = cache.v[i][slot, :, :n].repeat_interleave(group, dim=0)
+                attn = F.scaled_dot_product_attention(
+                    q[lo:hi].transpose(0, 1)[None],
+                    kk[None],
+                    vv[None],
+                    attn_mask=mask,
+                    is_causal=mask is None,
+                )  # (1, H, hi - lo, D)
+                outs.append(attn[0].transpose(0, 1).reshape(hi - lo, cfg.num_heads * cfg.head_dim))
+            attn = outs[0] if len(outs) == 1 else torch.cat(outs)
             h = h + self._linear(attn, i, "o_proj", lora)
             h = h + self._mlp(self.post_norms[i](h), i, lora)
-        return self._logits(h[-1:])[0]
+        last = torch.tensor([hi - 1 for _, hi, *_ in spans])
+        return self._logits(h[last])
 
     @torch.inference_mode()
     def decode(
-        self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
         lora: LoraBatch | None,
     ) -> torch.Tensor:
         """One step for the sequences in slots ``0..B-1``.

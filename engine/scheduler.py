@@ -155,48 +155,87 @@ class Scheduler:
                 return
 
     def _admit(self) -> None:
-        while self._waiting and len(self._running) < self.max_running:
+        """Admit waiting requests into free slots and prefill them together in one pass.
+
+        A request whose prompt shares a longer prefix with another request of this same
+        batch than with any running sequence waits one step: once that one is prefilled
+        it copies the prefix instead of computing it again (the ``n`` samples of a request
+        are prefilled once)."""
+        batch: list[Request] = []
+        later: list[Request] = []
+        while self._waiting and len(self._running) + len(batch) < self.max_running:
             req = self._waiting.popleft()
             if req.params.max_new_tokens == 0:
                 self._finish(req, {"type": "length", "length": 0, "matched": None})
                 continue
+            if self.prefix_reuse and batch:
+                from_running, _ = self._longest_prefix(req, self._running)
+                from_batch, _ = self._longest_prefix(req, batch)
+                if from_batch > from_running:
+                    later.append(req)
+                    continue
+            batch.append(req)
+        self._waiting.extendleft(reversed(later))
+        if not batch:
+            return
+        items = []
+        for req in batch:
             req.slot = len(self._running)
             self._running.append(req)
-            try:
-                lora = LoraBatch.for_rows([req.adapter])
-                start = self._reuse_prefix(req) if self.prefix_reuse else 0
-                logits = self.model.prefill(req.input_ids, req.slot, self.cache, lora, start)
-                self._accept(req, sample_batch(
-                    logits[None], [req.params], [req.generator], [req.top_logprobs_num]
-                )[0])
-            except Exception:
-                log.error("prefill of %s failed:\n%s", req.rid, traceback.format_exc())
+            start = self._reuse_prefix(req) if self.prefix_reuse else 0
+            items.append((req.input_ids, req.slot, start))
+        try:
+            rows = [
+                r.adapter
+                for r, (ids, _, start) in zip(batch, items, strict=True)
+                for _ in ids[start:]
+            ]
+            logits = self.model.prefill_batch(items, self.cache, LoraBatch.for_rows(rows))
+            sampled = sample_batch(
+                logits,
+                [r.params for r in batch],
+                [r.generator for r in batch],
+                [r.top_logprobs_num for r in batch],
+            )
+        except Exception:
+            log.error("prefill of %d request(s) failed:\n%s", len(batch), traceback.format_exc())
+            for req in batch:
                 self._finish(req, _abort("internal engine error during prefill"))
+            return
+        for req, tok in zip(batch, sampled, strict=True):
+            self._accept(req, tok)
 
-    def _reuse_prefix(self, req: Request) -> int:
-        """Copy the longest prompt prefix another running sequence (same adapter) already
-        holds in its KV slot; returns how many positions were copied. Requests that share
-        a system prompt, or the ``n`` samples of one request, then prefill only the rest.
-        At least the last prompt token is recomputed: its logits give the first token."""
+    def _longest_prefix(self, req: Request, others: list[Request]) -> tuple[int, Request | None]:
+        """The longest prefix of ``req``'s prompt (all but its last token) that one of
+        ``others`` with the same adapter holds: a running sequence its prompt and output
+        so far, a not yet prefilled one its prompt."""
         best, donor = 0, None
         limit = len(req.input_ids) - 1
-        for other in self._running:
-            if other is req or other.adapter is not req.adapter or not other.output_ids:
+        for other in others:
+            if other is req or other.adapter is not req.adapter:
                 continue
-            cached = other.input_ids + other.output_ids[:-1]  # what its slot holds
+            held = other.input_ids + other.output_ids[:-1] if other.output_ids else other.input_ids
             n = 0
-            for a, b in zip(req.input_ids[:limit], cached, strict=False):
+            for a, b in zip(req.input_ids[:limit], held, strict=False):
                 if a != b:
                     break
                 n += 1
             if n > best:
                 best, donor = n, other
-        if donor is not None:
-            self.cache.move(donor.slot, req.slot, best)
-            req.cached_tokens = best
-            self.reused_tokens += best
-            return best
-        return 0
+        return best, donor
+
+    def _reuse_prefix(self, req: Request) -> int:
+        """Copy the longest prompt prefix a running, already prefilled sequence (same
+        adapter) holds in its KV slot; returns how many positions were copied. At least
+        the last prompt token is recomputed: its logits give the first token."""
+        prefilled = [r for r in self._running if r.output_ids]
+        best, donor = self._longest_prefix(req, prefilled)
+        if donor is None:
+            return 0
+        self.cache.move(donor.slot, req.slot, best)
+        req.cached_tokens = best
+        self.reused_tokens += best
+        return best
 
     def _decode_step(self) -> None:
         running = self._running

@@ -77,3 +77,23 @@ def test_n_samples_of_one_prompt_prefill_once(generate, client, chat_ids) -> Non
     # the first is prefilled in full; the others copy all but the last prompt token
     assert cached[0] == 0
     assert cached[1:] == [len(ids) - 1] * 3
+
+
+def test_prefill_batch_equals_one_by_one(model_dir: Path, chat_ids) -> None:  # type: ignore[no-untyped-def]
+    model = LlamaModel(model_dir)
+    cache = KVCache(model.cfg, 8, 256, model.dtype)
+    alone = [model.prefill(ids, slot, cache, None) for slot, ids in enumerate(chat_ids[:3])]
+    # slot 3: a copied prefix of slot 0's prompt plus the rest of prompt 1
+    shared = next(
+        i for i, (a, b) in enumerate(zip(chat_ids[0], chat_ids[1], strict=False)) if a != b
+    )
+    cache.move(0, 3, shared)
+    items = [(chat_ids[0], 4, 0), (chat_ids[1], 3, shared), (chat_ids[2], 5, 0)]
+    together = model.prefill_batch(items, cache, None)
+    torch.testing.assert_close(together, torch.stack(alone), atol=1e-4, rtol=1e-4)
+    for k in cache.k + cache.v:
+        for slot, ids in ((4, chat_ids[0]), (3, chat_ids[1]), (5, chat_ids[2])):
+            ref = {4: 0, 3: 1, 5: 2}[slot]
+            torch.testing.assert_close(
+                k[slot, :, : len(ids)], k[ref, :, : len(ids)], atol=1e-4, rtol=1e-4
+            )
