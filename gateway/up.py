@@ -109,9 +109,13 @@ def snippets(base: str, agent_key: str, model: str) -> str:
     ANTHROPIC_BASE_URL={base} ANTHROPIC_AUTH_TOKEN={agent_key} claude -p --bare \
       --system-prompt "You are a helpful assistant." --tools "" "Hello!"
 
-  OpenClaw (custom OpenAI-compatible provider in its config; its ~15k-token prompt needs
-  a long-context policy such as Qwen3 on SGLang, the packaged model answers a 400):
+  OpenClaw (custom OpenAI-compatible provider in its config; its default ~15k-token
+  prompt needs a long-context policy, docs/clients/openclaw.json trims it to ~2k):
     baseUrl: {base}/v1    apiKey: {agent_key}    model: {model}
+
+  Codex (~/.codex/config.toml; docs/clients/codex-config.toml trims its prompt):
+    [model_providers.rlgate] base_url = "{base}/v1", wire_api = "responses",
+    env_key = "RLGATE_API_KEY" (= {agent_key}); web_search = "disabled"
 
   Rate an answer (the id is the response's "id"):
     curl {base}/feedback -H "Authorization: Bearer {agent_key}" \\
