@@ -191,11 +191,20 @@ def keys_revoke(key_id: str) -> None:
     help="Where curve.json and curve.png go (default <data dir>/demo/out).",
 )
 @click.option("--eval-size", type=int, default=50, show_default=True, help="Held-out questions.")
-@click.option("--group", type=int, default=4, show_default=True, help="Answers per question (n).")
+@click.option(
+    "--eval-every",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds at least between held-out evaluations: the newest adapter is evaluated "
+    "after a swap once this much time has passed since the last evaluation (each one "
+    "takes engine time from training traffic).",
+)
+@click.option("--group", type=int, default=8, show_default=True, help="Answers per question (n).")
 @click.option(
     "--concurrency",
     type=int,
-    default=16,
+    default=32,
     show_default=True,
     help="Requests in flight (the engine batches them).",
 )
@@ -208,6 +217,7 @@ def demo(
     engine_port: int,
     out: str | None,
     eval_size: int,
+    eval_every: float,
     group: int,
     concurrency: int,
     seed: int,
@@ -236,6 +246,7 @@ def demo(
         engine_port,
         Path(out) if out else data_dir / "out",
         eval_size,
+        eval_every,
         group,
         concurrency,
         seed,

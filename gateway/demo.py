@@ -32,11 +32,11 @@ MAX_TOKENS = 8  # a bare number is 1-3 tokens; longer answers only cost sampling
 # Training settings of the demo project (Project.settings["training"], see trainer/config.py)
 TRAINING = {
     "schedule_minutes": 0.25,
-    "threshold": 32,  # a run as soon as 8 rated groups wait: one optimizer step each
-    "min_samples": 16,
-    "max_samples": 64,
+    "threshold": 64,  # a run as soon as 8 rated groups of 8 wait: one optimizer step each
+    "min_samples": 32,
+    "max_samples": 128,
     "max_staleness": 2,
-    "lr": 5e-4,
+    "lr": 2e-4,
     "lora_rank": 16,
     "lora_alpha": 32.0,
     "num_minibatches": 1,
@@ -50,10 +50,11 @@ def exact_match(text: str | None, expected: int) -> bool:
 
 def score(text: str | None, expected: int) -> float:
     """The verifier. 1 for exactly the number. The small base model almost never answers
-    tersely, so partial credit gives it a gradient towards that: the right number inside
-    a longer answer earns 0.25 plus up to 0.5 the shorter the answer ("= 24": 0.5,
-    "5 + 19 = 24": 0.34); a bare wrong number earns up to 0.25 the closer it is ("23" for
-    24: 0.24, "1591": 0), so a bare random number is worth nothing."""
+    tersely ("4 + 6 = 10"), so partial credit points it there: the right number inside a
+    longer answer earns 0.25 plus up to 0.5 the shorter the answer ("= 24": 0.5,
+    "5 + 19 = 24": 0.34); a bare wrong number earns a flat 0.1 for the format. Nothing
+    rewards being close: closeness credit taught the model to answer a typical sum ("11")
+    to every question."""
     if exact_match(text, expected):
         return 1.0
     from trainer.verifiers import last_number
@@ -61,9 +62,8 @@ def score(text: str | None, expected: int) -> float:
     stripped = (text or "").strip()
     if last_number(text) == expected:
         return 0.25 + 0.5 * len(str(expected)) / max(len(stripped), 1)
-    bare = stripped.rstrip(".")
-    if bare.isdigit():
-        return 0.25 * max(0.0, 1.0 - abs(int(bare) - expected) / expected)
+    if stripped.rstrip(".").isdigit():
+        return 0.1
     return 0.0
 
 
@@ -181,6 +181,7 @@ async def _run(
     admin_key: str,
     minutes: float,
     eval_size: int,
+    eval_every: float,
     group: int,
     concurrency: int,
     seed: int,
@@ -200,31 +201,47 @@ async def _run(
     ]
     deadline = curve.started + minutes * 60
     last_print = 0.0
+    last_eval = time.monotonic()
+    seen = (0, 0)  # (answers, correct) at the last progress line
+
+    async def evaluate_now(elapsed: float) -> None:
+        version, acc = await demo.evaluate(eval_pairs)
+        curve.add(version, acc, len(eval_pairs))
+        click.echo(
+            f"[{elapsed:5.1f} min] {version:>18s}  held-out accuracy {acc:6.1%}"
+            f"   (trained on {curve.train_answers} rated answers)"
+        )
+
     try:
         while time.monotonic() < deadline:
             check_alive()
             await asyncio.sleep(2)
             now_serving = await demo.serving()
             elapsed = (time.monotonic() - curve.started) / 60
-            if now_serving != demo.version:
+            if now_serving != demo.version and time.monotonic() - last_eval >= eval_every:
                 demo.version = now_serving
-                version, acc = await demo.evaluate(eval_pairs)
-                curve.add(version, acc, len(eval_pairs))
-                click.echo(
-                    f"[{elapsed:5.1f} min] {version:>18s}  held-out accuracy {acc:6.1%}"
-                    f"   (trained on {curve.train_answers} rated answers)"
-                )
+                last_eval = time.monotonic()
+                await evaluate_now(elapsed)
             elif time.monotonic() - last_print > 30:
                 last_print = time.monotonic()
-                rate = curve.train_correct / max(1, curve.train_answers)
+                answers = curve.train_answers - seen[0]
+                correct = curve.train_correct - seen[1]
+                seen = (curve.train_answers, curve.train_correct)
                 click.echo(
-                    f"[{elapsed:5.1f} min] {demo.version:>18s}  "
-                    f"{curve.train_answers} answers rated, {rate:.1%} correct while "
-                    "sampling"
+                    f"[{elapsed:5.1f} min] {now_serving:>18s}  "
+                    f"{curve.train_answers} answers rated; {correct / max(1, answers):.1%} "
+                    "of the last ones exactly right (sampled at temperature "
+                    f"{SAMPLING_TEMPERATURE:g})"
                 )
     finally:
         stop.set()
         await asyncio.gather(*workers, return_exceptions=True)
+    try:
+        final = await demo.serving()
+        if final != demo.version:  # the curve ends with the adapter serving at the end
+            demo.version = final
+            await evaluate_now((time.monotonic() - curve.started) / 60)
+    finally:
         await demo.http.aclose()
 
 
@@ -264,6 +281,7 @@ def run_demo(
     engine_port: int,
     out: Path,
     eval_size: int,
+    eval_every: float,
     group: int,
     concurrency: int,
     seed: int,
@@ -306,6 +324,7 @@ def run_demo(
                 admin_key,
                 minutes,
                 eval_size,
+                eval_every,
                 group,
                 concurrency,
                 seed,
