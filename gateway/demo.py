@@ -4,9 +4,10 @@ The whole product runs: the embedded engine, the gateway, the Celery trainer wit
 schedule. An agent loop talks to the gateway over real HTTP with the OpenAI SDK on
 "What is a + b? Reply with only the number." (a, b in 1..20), `n` answers per question
 (a GRPO group); an exact-match verifier rates every answer through `POST /feedback`;
-training runs on its schedule and hot-swaps adapters; after every swap a held-out set is
-answered greedily through the gateway. Training traffic keeps flowing while the trainer
-works and while the held-out set is evaluated. Prints accuracy over time and writes
+training runs on its schedule and hot-swaps adapters; after a swap (at most once per
+``--eval-every`` seconds) a held-out set is answered greedily through the gateway.
+Training traffic keeps flowing while the trainer works and while the held-out set is
+evaluated. Prints accuracy over time and writes
 `curve.json` and `curve.png`.
 """
 
@@ -307,7 +308,11 @@ def run_demo(
         engine_port,
         trainer=True,
         extra_env={"RLGATE_TRAIN_TICK_S": "5", "RLGATE_DEFAULT_PROJECT": PROJECT},
-        engine_args=("--max-running-requests", str(max(16, concurrency))),
+        # prompts are ~50 tokens: a short context keeps the KV cache of many slots small
+        engine_args=(
+            *("--max-running-requests", str(max(16, concurrency))),
+            *("--context-length", "512"),
+        ),
     )
     click.echo(f"rlgate demo: {minutes:g} minutes, groups of {group}, logs in {stack.logs}")
     curve = Curve()
@@ -351,10 +356,13 @@ def run_demo(
     first, last = curve.points[0], curve.points[-1]
     best = max(p["heldout_accuracy"] for p in curve.points)
     swaps = len({p["policy_version"] for p in curve.points}) - 1
+    reached = next((p["minutes"] for p in curve.points if p["heldout_accuracy"] >= 0.5), None)
     click.echo(
         f"\nheld-out accuracy: {first['heldout_accuracy']:.1%} (base) -> "
-        f"{last['heldout_accuracy']:.1%} (last), best {best:.1%}; {swaps} adapter "
-        f"swaps; {curve.train_answers} rated answers"
+        f"{last['heldout_accuracy']:.1%} (last), best {best:.1%}"
+        + (f", 50% first at minute {reached:.1f}" if reached is not None else "")
+        + f"; {swaps} evaluated adapter versions (newest {last['policy_version']}); "
+        f"{curve.train_answers} rated answers"
     )
     click.echo(f"wrote {out / 'curve.json'} and {out / 'curve.png'}")
     if require_swap and (swaps < 1 or len(curve.points) < 2):

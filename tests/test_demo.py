@@ -61,3 +61,15 @@ def test_short_demo_trains_and_swaps(tmp_path):
     assert swapped[0] in served  # the next gateway responses carry the new version
     runs = db.execute("select status from training_runs where status = 'published'").fetchall()
     assert runs
+
+
+def test_demo_verifier_prefers_the_bare_right_number():
+    from gateway.demo import score
+
+    assert score("24", 24) == 1.0
+    assert score(" 24.\n", 24) == 1.0
+    assert 0.25 < score("5 + 19 = 24", 24) < score("= 24", 24) < 1.0  # shorter is better
+    assert score("23", 24) == score("7", 24) == 0.1  # the format, not closeness
+    assert score("5 + 19 = 23", 24) == 0.0
+    assert score("I think it is twenty-four", 24) == 0.0
+    assert score(None, 24) == 0.0
