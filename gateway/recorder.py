@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from schemas.atdp import Interaction
@@ -164,13 +164,18 @@ def write_batch(db: Session, entries: list[dict[str, Any]]) -> tuple[int, set[st
         last_activity[record.session_id] = (
             max(prev, record.created_at) if prev else record.created_at
         )
-    db.execute(insert(InteractionRow), rows)  # one executemany, no ORM unit of work
-    for session_id, at in last_activity.items():
-        db.execute(
-            update(SessionRow)
-            .where(SessionRow.id == session_id, SessionRow.last_activity_at < at)
-            .values(last_activity_at=at)
+    # Core statements, one executemany each: no ORM unit of work or session synchronization
+    db.execute(insert(InteractionRow.__table__), rows)
+    sessions_table = SessionRow.__table__
+    db.execute(
+        update(sessions_table)
+        .where(
+            sessions_table.c.id == bindparam("sid"),
+            sessions_table.c.last_activity_at < bindparam("at"),
         )
+        .values(last_activity_at=bindparam("at")),
+        [{"sid": sid, "at": at} for sid, at in last_activity.items()],
+    )
     return len(fresh), set(carried)
 
 
