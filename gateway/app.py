@@ -103,6 +103,7 @@ def build_gateway(settings: Settings) -> Gateway:
         metrics=metrics,
         tool_parser=settings.tool_parser or None,
         reasoning_parser=settings.reasoning_parser,
+        default_max_tokens=settings.default_max_tokens,
     )
     admin = settings.admin_key.get_secret_value() if settings.admin_key else None
     auth = Authenticator(factory, admin, settings.default_project)

@@ -177,6 +177,7 @@ class Pipeline:
         metrics: Metrics,
         tool_parser: str | None = "hermes",
         reasoning_parser: bool = False,
+        default_max_tokens: int | None = None,
     ) -> None:
         self.renderer = renderer
         self.engines = engines
@@ -186,6 +187,7 @@ class Pipeline:
         self.metrics = metrics
         self.tool_parser = tool_parser
         self.reasoning = reasoning_parser
+        self.default_max_tokens = default_max_tokens
         self.leases = Leases()
         self._context_checked = False
 
@@ -214,7 +216,8 @@ class Pipeline:
                 "shorten the messages",
                 "messages",
             )
-        max_tokens = req.sampling.max_tokens or (ctx_len - len(ids))
+        room = ctx_len - len(ids)
+        max_tokens = req.sampling.max_tokens or min(room, self.default_max_tokens or room)
         if len(ids) + max_tokens > ctx_len:
             raise bad_request(
                 f"this model's maximum context length is {ctx_len} tokens; you requested "

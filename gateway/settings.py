@@ -79,6 +79,13 @@ class Settings(BaseSettings):
     serving_cache_s: float = Field(
         0.5, ge=0, description="How long the gateway caches which adapter serves a project."
     )
+    default_max_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Output limit for requests that name none (OpenAI's max_tokens, "
+        "Responses' max_output_tokens). Unset: up to the model's context, as OpenAI does. "
+        "Set it for clients that never send a limit (Codex) on a small or slow policy.",
+    )
     spool_fsync: bool = Field(
         False,
         description="fdatasync the recording spool before each response (survives power "

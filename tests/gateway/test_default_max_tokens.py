@@ -1,0 +1,34 @@
+"""RLGATE_DEFAULT_MAX_TOKENS: the output limit of requests that name none (Codex sends no
+max_output_tokens; a 135M policy may then write until its context is full)."""
+
+from __future__ import annotations
+
+import openai
+
+from gateway.db import make_engine, session_factory, transaction
+from gateway.keys import create_key
+from gateway.migrate import upgrade
+from tests.servers import gateway
+
+STORY = [{"role": "user", "content": "Write a long story about a dragon and a knight."}]
+
+
+def test_default_max_tokens_caps_only_requests_without_a_limit(sqlite_url, tmp_path, engine):
+    upgrade(sqlite_url)
+    with transaction(session_factory(make_engine(sqlite_url))) as db:
+        _, secret = create_key(db, "cap", "agent")
+    with gateway(tmp_path / "gw", sqlite_url, engine.url, default_max_tokens="5") as gw:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key=secret, timeout=120)
+        r = client.chat.completions.create(model="rlgate-policy", messages=STORY, temperature=0)
+        assert r.usage.completion_tokens == 5
+        assert r.choices[0].finish_reason == "length"
+        # an explicit limit wins, also above the default
+        r = client.chat.completions.create(
+            model="rlgate-policy", messages=STORY, temperature=0, max_tokens=7
+        )
+        assert r.usage.completion_tokens == 7
+        # the Responses API (Codex's) without max_output_tokens
+        resp = client.responses.create(model="rlgate-policy", input=STORY[0]["content"])
+        assert resp.usage.output_tokens == 5
+        assert resp.status == "incomplete"
+        assert resp.incomplete_details.reason == "max_output_tokens"
