@@ -8,13 +8,12 @@ import pytest
 from sqlalchemy import select
 
 from gateway.keys import ensure_project
-from schemas.atdp import Feedback, Interaction, Session
-from schemas.coltypes import utcnow
+from schemas.atdp import Feedback
 from schemas.convert import to_row
 from schemas.tables import FeedbackRow, InteractionRow, ProjectRow, SessionRow
+from tests.rows import T0, interaction, session
 from trainer.credit import CreditConfig, assign_rewards, assign_rewards_tx
 
-T0 = utcnow()
 _n = {"fb": 0}
 
 
@@ -27,44 +26,25 @@ def _project(db, pid="p1", credit=None, **settings):  # type: ignore[no-untyped-
 
 
 def _session(db, sid, pid="p1", status="open"):  # type: ignore[no-untyped-def]
-    db.add(
-        to_row(
-            Session(
-                id=sid,
-                project_id=pid,
-                status=status,
-                created_at=T0,
-                last_activity_at=T0,
-            )
-        )
-    )
+    db.add(to_row(session(sid, pid, status=status)))
     db.flush()
 
 
 def _interaction(db, iid, sid, seq, pid="p1", group_id=None, choice=0):  # type: ignore[no-untyped-def]
-    db.add(
-        to_row(
-            Interaction(
-                id=iid,
-                project_id=pid,
-                session_id=sid,
-                seq=seq,
-                group_id=group_id,
-                choice_index=choice,
-                request={"messages": [{"role": "user", "content": "q"}]},
-                prompt_token_ids=[1, 2],
-                completion_token_ids=[3],
-                completion_logprobs=[-0.5],
-                temperature=1.0,
-                top_p=1.0,
-                policy_version="base",
-                finish_reason="stop",
-                output={"text": "a"},
-                usage={"prompt_tokens": 2, "completion_tokens": 1},
-                created_at=T0 + timedelta(seconds=seq),
-            )
-        )
+    """A one-token answer to a two-token prompt."""
+    answer = interaction(
+        iid,
+        sid,
+        seq,
+        project_id=pid,
+        group_id=group_id,
+        choice_index=choice,
+        prompt_token_ids=[1, 2],
+        completion_token_ids=[3],
+        completion_logprobs=[-0.5],
+        usage={"prompt_tokens": 2, "completion_tokens": 1},
     )
+    db.add(to_row(answer))
 
 
 def _fb(db, target_type, target_id, sid, reward, rater=None, source="user", pid="p1"):  # type: ignore[no-untyped-def]

@@ -136,14 +136,12 @@ def test_bad_bodies_are_400(body):
 def test_close_session_on_first_session_rating(migrated_db):
     """settings["close_session_on_rating"]: the first session rating closes the session
     (and settles credit); interaction ratings do not close it."""
-    from datetime import timedelta
-
     from gateway.feedback import Scope, submit_feedback
     from gateway.keys import ensure_project
-    from schemas.atdp import Interaction, Session
     from schemas.coltypes import utcnow
     from schemas.convert import to_row
     from schemas.tables import InteractionRow, SessionRow
+    from tests.rows import interaction, session
 
     now = utcnow()
     with migrated_db() as db, db.begin():
@@ -151,21 +149,13 @@ def test_close_session_on_first_session_rating(migrated_db):
             "close_session_on_rating": True,
             "credit_assignment": {"unrated": "wait", "gamma": 0.5},
         }
-        db.add(to_row(Session(id="s1", project_id="p1", created_at=now, last_activity_at=now)))
+        db.add(to_row(session("s1", at=now)))
         db.flush()
         for k in range(2):
-            db.add(
-                to_row(
-                    Interaction(
-                        id=f"i{k}", project_id="p1", session_id="s1", seq=k,
-                        request={}, prompt_token_ids=[1], completion_token_ids=[2],
-                        completion_logprobs=[-1.0], temperature=1.0, top_p=1.0,
-                        policy_version="base", finish_reason="stop", output={"text": "x"},
-                        usage={"prompt_tokens": 1, "completion_tokens": 1},
-                        created_at=now + timedelta(seconds=k),
-                    )
-                )
-            )  # fmt: skip
+            answer = interaction(
+                f"i{k}", "s1", k, "x", request={}, completion_logprobs=[-1.0], start=now
+            )
+            db.add(to_row(answer))
     scope = Scope("p1")
     submit_feedback(migrated_db, parse_feedback({"interaction_id": "i1", "value": 1}), scope=scope)
     with migrated_db() as db:

@@ -8,17 +8,15 @@ import secrets
 import subprocess
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
 from gateway.keys import ensure_project
-from schemas.atdp import Interaction, Session
-from schemas.coltypes import utcnow
 from schemas.convert import to_row
 from schemas.tables import FeedbackRow, InteractionRow, SessionRow
+from tests.rows import interaction, session
 from trainer.verifiers import (
     VerifierContext,
     command,
@@ -31,39 +29,10 @@ from trainer.verifiers import (
 
 REPO = Path(__file__).resolve().parents[1]
 REDIS_DB = os.environ.get("RLGATE_TEST_REDIS_DB", "14")
-T0 = utcnow()
-
-
-def _interaction(iid, sid, seq, text, pid="p1", group_id=None, choice=0):  # type: ignore[no-untyped-def]
-    return Interaction(
-        id=iid,
-        project_id=pid,
-        session_id=sid,
-        seq=seq,
-        group_id=group_id,
-        choice_index=choice,
-        request={"messages": [{"role": "user", "content": "q"}]},
-        prompt_token_ids=[1],
-        completion_token_ids=[2],
-        completion_logprobs=[-0.1],
-        temperature=1.0,
-        top_p=1.0,
-        policy_version="base",
-        finish_reason="stop",
-        output={"text": text},
-        usage={"prompt_tokens": 1, "completion_tokens": 1},
-        created_at=T0 + timedelta(seconds=seq),
-    )
-
-
-def _session(sid, pid="p1", **meta):  # type: ignore[no-untyped-def]
-    return Session(
-        id=sid, project_id=pid, created_at=T0, last_activity_at=T0, metadata=meta, task_id="t"
-    )
 
 
 def _ctx(text_meta=None, **config):  # type: ignore[no-untyped-def]
-    return VerifierContext(_session("s", **(text_meta or {})), [], config)
+    return VerifierContext(session("s", task_id="t", metadata=text_meta or {}), [], config)
 
 
 @pytest.mark.parametrize(
@@ -83,19 +52,19 @@ def test_last_number(text, number):
 
 
 def test_exact_number():
-    right = _interaction("a", "s", 0, "so 6*7 = 42")
-    wrong = _interaction("b", "s", 0, "I think 41")
-    none = _interaction("c", "s", 0, "no idea")
+    right = interaction("a", "s", 0, "so 6*7 = 42")
+    wrong = interaction("b", "s", 0, "I think 41")
+    none = interaction("c", "s", 0, "no idea")
     assert exact_number(_ctx({"expected": 42}), right) == 1.0
     assert exact_number(_ctx({"expected": "42"}), wrong) == -1.0
     assert exact_number(_ctx({"expected": 42}), none) == -1.0
-    assert exact_number(_ctx({"task": {"expected": "1,234"}}), _interaction("d", "s", 0, "1234"))
+    assert exact_number(_ctx({"task": {"expected": "1,234"}}), interaction("d", "s", 0, "1234"))
     assert exact_number(_ctx({}, expected=41), wrong) == 1.0  # verifier params first
     assert exact_number(_ctx({}), right) is None  # nothing expected: abstain
 
 
 def test_command_exit_status_and_timeout(tmp_path):
-    ans = _interaction("a", "s", 0, "hello")
+    ans = interaction("a", "s", 0, "hello")
     assert command(_ctx({}, command='test "$RLGATE_ANSWER" = hello'), ans) == 1.0
     assert command(_ctx({}, command="exit 3"), ans) == -1.0
     (tmp_path / "flag").write_text("x")
@@ -169,18 +138,18 @@ def test_closed_sessions_get_verifier_feedback_from_a_real_worker(worker):
             ],
             "credit_assignment": {"gamma": 0.5},
         }
-        db.add(to_row(_session(right, verifier="exact_number", expected=42)))
-        db.add(to_row(_session(wrong, verifier="exact_number", expected=7)))
-        db.add(to_row(_session(grp, verifier="exact_number", expected=42)))
-        db.add(to_row(_session(cmd, "p2")))
+        for sid, expected in ((right, 42), (wrong, 7), (grp, 42)):
+            meta = {"verifier": "exact_number", "expected": expected}
+            db.add(to_row(session(sid, task_id="t", metadata=meta)))
+        db.add(to_row(session(cmd, "p2", task_id="t")))
         db.flush()
-        db.add(to_row(_interaction(f"{right}-0", right, 0, "Let me think: 40")))
-        db.add(to_row(_interaction(f"{right}-1", right, 1, "The answer is 42.")))
-        db.add(to_row(_interaction(f"{wrong}-0", wrong, 0, "It is 8")))
+        db.add(to_row(interaction(f"{right}-0", right, 0, "Let me think: 40")))
+        db.add(to_row(interaction(f"{right}-1", right, 1, "The answer is 42.")))
+        db.add(to_row(interaction(f"{wrong}-0", wrong, 0, "It is 8")))
         for c, text in enumerate(["42", "41"]):
-            db.add(to_row(_interaction(f"{grp}.{c}", grp, c, text, group_id=grp, choice=c)))
-        db.add(to_row(_interaction(f"{cmd}-0", cmd, 0, "hmm", pid="p2")))
-        db.add(to_row(_interaction(f"{cmd}-1", cmd, 1, "it is 42", pid="p2")))
+            db.add(to_row(interaction(f"{grp}.{c}", grp, c, text, group_id=grp, choice_index=c)))
+        db.add(to_row(interaction(f"{cmd}-0", cmd, 0, "hmm", project_id="p2")))
+        db.add(to_row(interaction(f"{cmd}-1", cmd, 1, "it is 42", project_id="p2")))
     # the gateway's end / expiry paths close the session, then call the hook
     for sid in (right, wrong, grp, cmd):
         with factory() as db, db.begin():
@@ -213,5 +182,5 @@ def test_closed_sessions_get_verifier_feedback_from_a_real_worker(worker):
     # no verifier configured: nothing is enqueued
     plain = f"plain-{tag}"
     with factory() as db, db.begin():
-        db.add(to_row(_session(plain)))
+        db.add(to_row(session(plain, task_id="t")))
     assert on_session_closed(factory, plain) is False

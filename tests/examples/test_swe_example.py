@@ -7,17 +7,16 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 from sqlalchemy import select
 
-from schemas.atdp import Interaction, Session
 from schemas.coltypes import utcnow
 from schemas.convert import to_row
 from schemas.tables import FeedbackRow, InteractionRow
+from tests.rows import interaction, session
 
 SWE = Path(__file__).resolve().parents[2] / "examples" / "swe"
 
@@ -77,33 +76,6 @@ def test_verify_script_exit_status(tmp_path):
     assert verify("--task", "clamp") == 2  # no workspace named
 
 
-def _session(sid: str, task: str) -> Session:
-    t0 = utcnow()
-    return Session(
-        id=sid, project_id="swe", task_id=task, created_at=t0, last_activity_at=t0, status="closed"
-    )
-
-
-def _answer(sid: str, seq: int) -> Interaction:
-    return Interaction(
-        id=f"{sid}-{seq}",
-        project_id="swe",
-        session_id=sid,
-        seq=seq,
-        request={"messages": [{"role": "user", "content": "fix it"}]},
-        prompt_token_ids=[1],
-        completion_token_ids=[2],
-        completion_logprobs=[-0.1],
-        temperature=1.0,
-        top_p=1.0,
-        policy_version="base",
-        finish_reason="stop",
-        output={"text": "done"},
-        usage={"prompt_tokens": 1, "completion_tokens": 1},
-        created_at=utcnow() + timedelta(seconds=seq),
-    )
-
-
 def test_project_command_verifier_rates_the_workspace(tmp_path):
     """run.py's project settings + rlgate's verifier code (what the Celery task runs)."""
     from gateway.db import make_engine, session_factory
@@ -122,11 +94,20 @@ def test_project_command_verifier_rates_the_workspace(tmp_path):
     fixed, broken = "sess_fixed", "sess_broken"
     with factory() as db, db.begin():
         for sid in (fixed, broken):
-            db.add(to_row(_session(sid, "slugify")))
+            db.add(to_row(session(sid, "swe", task_id="slugify", status="closed", at=utcnow())))
         db.flush()
         for sid in (fixed, broken):
             for seq in (0, 1):
-                db.add(to_row(_answer(sid, seq)))
+                answer = interaction(
+                    f"{sid}-{seq}",
+                    sid,
+                    seq,
+                    "done",
+                    project_id="swe",
+                    question="fix it",
+                    start=utcnow(),
+                )
+                db.add(to_row(answer))
     task = swe_tasks.get_task("slugify")
     for sid in (fixed, broken):
         swe_tasks.copy_repo(task, workspaces / sid / "repo")
