@@ -35,32 +35,76 @@ def _parse_lora_paths(values: tuple[str, ...]) -> dict[str, str]:
 @click.command("engine")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address.")
 @click.option("--port", type=int, default=None, help="Port (default: settings engine_port).")
-@click.option("--model", "model_path", default=None,
-              help="HF model directory, or packaged:smollm2-135m-instruct (default: settings).")
-@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
-              help="Where the converted packaged model is cached (default: settings).")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32",
-              show_default=True)
+@click.option(
+    "--model",
+    "model_path",
+    default=None,
+    help="HF model directory, or packaged:smollm2-135m-instruct (default: settings).",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where the converted packaged model is cached (default: settings).",
+)
+@click.option(
+    "--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True
+)
 @click.option("--max-lora-rank", type=int, default=64, show_default=True)
-@click.option("--lora-target-modules", default=",".join(DEFAULT_TARGET_MODULES),
-              show_default=True, help="Comma-separated projections adapters may target, or 'all'.")
+@click.option(
+    "--lora-target-modules",
+    default=",".join(DEFAULT_TARGET_MODULES),
+    show_default=True,
+    help="Comma-separated projections adapters may target, or 'all'.",
+)
 @click.option("--max-loaded-loras", type=int, default=8, show_default=True)
-@click.option("--max-running-requests", type=int, default=16, show_default=True,
-              help="KV slots: sequences decoded together in one batch.")
-@click.option("--context-length", type=int, default=None,
-              help="Per-sequence token limit (default: min(model's, 4096)).")
+@click.option(
+    "--max-running-requests",
+    type=int,
+    default=16,
+    show_default=True,
+    help="KV slots: sequences decoded together in one batch.",
+)
+@click.option(
+    "--context-length",
+    type=int,
+    default=None,
+    help="Per-sequence token limit (default: min(model's, 4096)).",
+)
 @click.option("--served-model-name", default=None, help="Name in /v1/models (default: --model).")
 @click.option("--lora-paths", multiple=True, help="NAME=PATH adapters to load at start.")
 @click.option("--num-threads", type=int, default=None, help="Torch threads (default: all cores).")
-@click.option("--disable-prefix-reuse", is_flag=True,
-              help="Prefill every prompt in full instead of copying a prefix that a running "
-              "sequence already holds (for benchmarks).")
+@click.option(
+    "--disable-prefix-reuse",
+    is_flag=True,
+    help="Prefill every prompt in full instead of copying a prefix that a running or "
+    "recently finished sequence already holds (for benchmarks).",
+)
+@click.option(
+    "--prefix-cache-slots",
+    type=int,
+    default=4,
+    show_default=True,
+    help="Extra KV slots that keep finished sequences, so a later prompt extending one (a "
+    "conversation's next turn) copies it instead of prefilling it again.",
+)
 @click.option("--log-level", default=None, help="Default: settings log_level.")
 def engine_command(
-    host: str, port: int | None, model_path: str | None, data_dir: Path | None, dtype: str,
-    max_lora_rank: int, lora_target_modules: str, max_loaded_loras: int,
-    max_running_requests: int, context_length: int | None, served_model_name: str | None,
-    lora_paths: tuple[str, ...], num_threads: int | None, disable_prefix_reuse: bool,
+    host: str,
+    port: int | None,
+    model_path: str | None,
+    data_dir: Path | None,
+    dtype: str,
+    max_lora_rank: int,
+    lora_target_modules: str,
+    max_loaded_loras: int,
+    max_running_requests: int,
+    context_length: int | None,
+    served_model_name: str | None,
+    lora_paths: tuple[str, ...],
+    num_threads: int | None,
+    disable_prefix_reuse: bool,
+    prefix_cache_slots: int,
     log_level: str | None,
 ) -> None:
     """Serve the embedded CPU engine (SGLang native protocol subset)."""
@@ -68,24 +112,32 @@ def engine_command(
     from gateway.settings import get_settings
 
     settings = get_settings()
-    for name, value in (("--max-lora-rank", max_lora_rank), ("--max-loaded-loras",
-                        max_loaded_loras), ("--max-running-requests", max_running_requests)):
+    for name, value in (
+        ("--max-lora-rank", max_lora_rank),
+        ("--max-loaded-loras", max_loaded_loras),
+        ("--max-running-requests", max_running_requests),
+    ):
         if value < 1:
             raise click.BadParameter("must be >= 1", param_hint=name)
-    serve(EngineConfig(
-        model_path=model_path or settings.model_path,
-        data_dir=data_dir or settings.data_dir,
-        host=host,
-        port=port or settings.engine_port,
-        dtype=dtype,
-        max_lora_rank=max_lora_rank,
-        lora_target_modules=_split_modules(lora_target_modules),
-        max_loaded_loras=max_loaded_loras,
-        max_running_requests=max_running_requests,
-        context_length=context_length,
-        served_model_name=served_model_name,
-        log_level=log_level or settings.log_level,
-        num_threads=num_threads,
-        lora_paths=_parse_lora_paths(lora_paths),
-        prefix_reuse=not disable_prefix_reuse,
-    ))
+    if prefix_cache_slots < 0:
+        raise click.BadParameter("must be >= 0", param_hint="--prefix-cache-slots")
+    serve(
+        EngineConfig(
+            model_path=model_path or settings.model_path,
+            data_dir=data_dir or settings.data_dir,
+            host=host,
+            port=port or settings.engine_port,
+            dtype=dtype,
+            max_lora_rank=max_lora_rank,
+            lora_target_modules=_split_modules(lora_target_modules),
+            max_loaded_loras=max_loaded_loras,
+            max_running_requests=max_running_requests,
+            context_length=context_length,
+            served_model_name=served_model_name,
+            log_level=log_level or settings.log_level,
+            num_threads=num_threads,
+            lora_paths=_parse_lora_paths(lora_paths),
+            prefix_reuse=not disable_prefix_reuse,
+            prefix_cache_slots=prefix_cache_slots,
+        )
+    )

@@ -58,6 +58,17 @@ class Request:
     generator: torch.Generator = field(default_factory=torch.Generator)
 
 
+@dataclass(eq=False)
+class Retired:
+    """A finished sequence whose keys/values are kept in a spare slot for later prompts
+    that extend it (the next turn of a conversation, the next call of an agent)."""
+
+    tokens: list[int]  # the positions its slot holds
+    slot: int
+    adapter: LoraAdapter | None
+    used: float = field(default_factory=time.monotonic)
+
+
 class Scheduler:
     def __init__(
         self,
@@ -71,6 +82,7 @@ class Scheduler:
         weight_version: str = "default",
         num_threads: int | None = None,
         prefix_reuse: bool = True,
+        prefix_cache_slots: int = 4,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -80,7 +92,11 @@ class Scheduler:
         self.context_length = context_length
         self.weight_version = weight_version
         self.num_threads = num_threads or os.cpu_count() or 1
-        self.cache = KVCache(model.cfg, max_running, context_length, model.dtype)
+        # slots 0..max_running-1 hold running sequences; the rest keep finished ones
+        spare = prefix_cache_slots if prefix_reuse else 0
+        self.cache = KVCache(model.cfg, max_running + spare, context_length, model.dtype)
+        self._retired: list[Retired] = []
+        self._spare_slots = list(range(max_running, max_running + spare))
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
@@ -169,7 +185,10 @@ class Scheduler:
                 self._finish(req, {"type": "length", "length": 0, "matched": None})
                 continue
             if self.prefix_reuse and batch:
-                from_running, _ = self._longest_prefix(req, self._running)
+                from_running = max(
+                    self._longest_prefix(req, self._running)[0],
+                    self._longest_prefix(req, self._retired)[0],
+                )
                 from_batch, _ = self._longest_prefix(req, batch)
                 if from_batch > from_running:
                     later.append(req)
@@ -205,16 +224,23 @@ class Scheduler:
         for req, tok in zip(batch, sampled, strict=True):
             self._accept(req, tok)
 
-    def _longest_prefix(self, req: Request, others: list[Request]) -> tuple[int, Request | None]:
+    def _longest_prefix(
+        self, req: Request, others: list[Request] | list[Retired]
+    ) -> tuple[int, Request | Retired | None]:
         """The longest prefix of ``req``'s prompt (all but its last token) that one of
         ``others`` with the same adapter holds: a running sequence its prompt and output
-        so far, a not yet prefilled one its prompt."""
+        so far, a not yet prefilled one its prompt, a retired one what its slot keeps."""
         best, donor = 0, None
         limit = len(req.input_ids) - 1
         for other in others:
             if other is req or other.adapter is not req.adapter:
                 continue
-            held = other.input_ids + other.output_ids[:-1] if other.output_ids else other.input_ids
+            if isinstance(other, Retired):
+                held = other.tokens
+            elif other.output_ids:
+                held = other.input_ids + other.output_ids[:-1]
+            else:
+                held = other.input_ids
             n = 0
             for a, b in zip(req.input_ids[:limit], held, strict=False):
                 if a != b:
@@ -225,13 +251,19 @@ class Scheduler:
         return best, donor
 
     def _reuse_prefix(self, req: Request) -> int:
-        """Copy the longest prompt prefix a running, already prefilled sequence (same
-        adapter) holds in its KV slot; returns how many positions were copied. At least
-        the last prompt token is recomputed: its logits give the first token."""
+        """Copy the longest prompt prefix a running, already prefilled sequence or a
+        retired one (same adapter) holds in its KV slot; returns how many positions were
+        copied. At least the last prompt token is recomputed: its logits give the first
+        token."""
         prefilled = [r for r in self._running if r.output_ids]
         best, donor = self._longest_prefix(req, prefilled)
+        kept, retired = self._longest_prefix(req, self._retired)
+        if kept > best:
+            best, donor = kept, retired
         if donor is None:
             return 0
+        if isinstance(donor, Retired):
+            donor.used = time.monotonic()
         self.cache.move(donor.slot, req.slot, best)
         req.cached_tokens = best
         self.reused_tokens += best
@@ -285,10 +317,43 @@ class Scheduler:
                     return {"type": "stop", "matched": s}
         return None
 
+    def _retire(self, req: Request) -> None:
+        """Keep a finished sequence's keys/values in a spare slot (least recently used
+        one goes), unless a kept one already holds them."""
+        tokens = (req.input_ids + req.output_ids)[: len(req.input_ids) + len(req.output_ids) - 1]
+        for kept in self._retired:
+            if kept.adapter is req.adapter and kept.tokens[: len(tokens)] == tokens:
+                kept.used = time.monotonic()
+                return  # nothing new
+        extended = [
+            k
+            for k in self._retired
+            if k.adapter is req.adapter and tokens[: len(k.tokens)] == k.tokens
+        ]
+        if extended:  # a conversation's next turn replaces its previous one
+            slot = extended[0].slot
+            self._retired.remove(extended[0])
+        elif self._spare_slots:
+            slot = self._spare_slots.pop()
+        else:
+            oldest = min(self._retired, key=lambda k: k.used)
+            self._retired.remove(oldest)
+            slot = oldest.slot
+        self.cache.move(req.slot, slot, len(tokens))
+        self._retired.append(Retired(tokens, slot, req.adapter))
+
     def _finish(self, req: Request, reason: dict[str, Any]) -> None:
         req.finish_reason = reason
         if req in self._waiting:
             self._waiting.remove(req)
+        keep = (
+            reason["type"] in ("stop", "length")
+            and (self._retired or self._spare_slots)
+            and req.slot >= 0
+            and req.output_ids
+        )
+        if keep:
+            self._retire(req)
         if req.slot >= 0 and req in self._running:
             i = req.slot
             last = self._running.pop()

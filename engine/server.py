@@ -62,6 +62,7 @@ class EngineConfig:
     num_threads: int | None = None
     lora_paths: dict[str, str] = field(default_factory=dict)
     prefix_reuse: bool = True
+    prefix_cache_slots: int = 4
 
 
 class Engine:
@@ -93,11 +94,15 @@ class Engine:
         self.allowed_modules = frozenset(config.lora_target_modules)
         self.registry = AdapterRegistry(config.max_loaded_loras)
         self.scheduler = sched.Scheduler(
-            self.model, self.tokenizer, self.eos_token_ids, self.registry,
+            self.model,
+            self.tokenizer,
+            self.eos_token_ids,
+            self.registry,
             max_running=config.max_running_requests,
             context_length=self.context_length,
             num_threads=config.num_threads,
             prefix_reuse=config.prefix_reuse,
+            prefix_cache_slots=config.prefix_cache_slots,
         )
         for name, path in config.lora_paths.items():
             self.load_adapter(name, path, pinned=True)
@@ -107,7 +112,8 @@ class Engine:
         self.registry.reserve_check(name)
         cfg = self.model.cfg
         adapter = read_peft_adapter(
-            name, path,
+            name,
+            path,
             num_layers=cfg.num_layers,
             module_shape={m: cfg.module_shape(m) for m in DEFAULT_TARGET_MODULES},
             max_rank=self.config.max_lora_rank,
@@ -119,8 +125,9 @@ class Engine:
 
     # ---- request building ---------------------------------------------------------------
 
-    def build_requests(self, items: list[GenerateItem], stream: bool,
-                       text_in_logprobs: bool) -> list[sched.Request]:
+    def build_requests(
+        self, items: list[GenerateItem], stream: bool, text_in_logprobs: bool
+    ) -> list[sched.Request]:
         """Validate every item, then acquire adapters; raises ProtocolError/AdapterError."""
         vocab = self.model.cfg.vocab_size
         specs: list[tuple[GenerateItem, list[int], Any]] = []
@@ -148,16 +155,21 @@ class Engine:
             for item, ids, params in specs:
                 base_rid = item.rid or uuid.uuid4().hex
                 for j in range(item.params.n):
-                    adapter = (
-                        self.registry.acquire(item.lora_name) if item.lora_name else None
-                    )
+                    adapter = self.registry.acquire(item.lora_name) if item.lora_name else None
                     rid = f"{base_rid}-{j}" if item.params.n > 1 else base_rid
-                    requests.append(sched.Request(
-                        rid=rid, input_ids=list(ids), params=params, sink=_no_sink,
-                        adapter=adapter, return_logprob=item.return_logprob,
-                        top_logprobs_num=item.top_logprobs_num if item.return_logprob else 0,
-                        return_text_in_logprobs=text_in_logprobs, stream=stream,
-                    ))
+                    requests.append(
+                        sched.Request(
+                            rid=rid,
+                            input_ids=list(ids),
+                            params=params,
+                            sink=_no_sink,
+                            adapter=adapter,
+                            return_logprob=item.return_logprob,
+                            top_logprobs_num=item.top_logprobs_num if item.return_logprob else 0,
+                            return_text_in_logprobs=text_in_logprobs,
+                            stream=stream,
+                        )
+                    )
         except AdapterError:
             for req in requests:
                 if req.adapter is not None:
@@ -197,13 +209,13 @@ def create_app(engine: Engine) -> FastAPI:
 
         def sink(payload: dict[str, Any], final: bool) -> None:
             if final:
-                loop.call_soon_threadsafe(
-                    lambda: done.done() or done.set_result(payload)
-                )
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(payload))
 
         req = sched.Request(
-            rid=f"health-{uuid.uuid4().hex}", input_ids=[engine.tokenizer.bos_token_id or 0],
-            params=sched.SamplingParams(max_new_tokens=1, temperature=0.0), sink=sink,
+            rid=f"health-{uuid.uuid4().hex}",
+            input_ids=[engine.tokenizer.bos_token_id or 0],
+            params=sched.SamplingParams(max_new_tokens=1, temperature=0.0),
+            sink=sink,
         )
         scheduler.submit(req)
         try:
@@ -242,6 +254,8 @@ def create_app(engine: Engine) -> FastAPI:
             "version": "rlgate-embedded",
             "decode_steps": scheduler.steps,
             "prefix_reused_tokens": scheduler.reused_tokens,
+            "prefix_cache_slots": len(scheduler._spare_slots) + len(scheduler._retired),
+            "prefix_cached_sequences": len(scheduler._retired),
             **scheduler.load,
         }
 
@@ -252,17 +266,27 @@ def create_app(engine: Engine) -> FastAPI:
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
         base = {
-            "id": engine.served_model_name, "object": "model", "created": engine.created,
-            "owned_by": "sglang", "root": engine.served_model_name,
-            "max_model_len": engine.context_length, "parent": None,
+            "id": engine.served_model_name,
+            "object": "model",
+            "created": engine.created,
+            "owned_by": "sglang",
+            "root": engine.served_model_name,
+            "max_model_len": engine.context_length,
+            "parent": None,
         }
         data = [base]
         for name, path in engine.registry.names().items():
-            data.append({
-                "id": name, "object": "model", "created": engine.created,
-                "owned_by": "sglang", "root": path, "parent": engine.served_model_name,
-                "max_model_len": engine.context_length,
-            })
+            data.append(
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": engine.created,
+                    "owned_by": "sglang",
+                    "root": path,
+                    "parent": engine.served_model_name,
+                    "max_model_len": engine.context_length,
+                }
+            )
         return {"object": "list", "data": data}
 
     @app.post("/abort_request")
@@ -279,8 +303,11 @@ def create_app(engine: Engine) -> FastAPI:
 
     def _lora_result(success: bool, message: str = "") -> JSONResponse:
         return JSONResponse(
-            {"success": success, "error_message": message,
-             "loaded_adapters": engine.registry.names()},
+            {
+                "success": success,
+                "error_message": message,
+                "loaded_adapters": engine.registry.names(),
+            },
             status_code=200 if success else 400,
         )
 
@@ -293,8 +320,9 @@ def create_app(engine: Engine) -> FastAPI:
         except ValueError as exc:
             return _lora_result(False, f"invalid JSON: {exc}")
         try:
-            await asyncio.to_thread(engine.load_adapter, body.lora_name, body.lora_path,
-                                    body.pinned)
+            await asyncio.to_thread(
+                engine.load_adapter, body.lora_name, body.lora_path, body.pinned
+            )
         except AdapterError as exc:
             return _lora_result(False, str(exc))
         except Exception as exc:  # unreadable files etc.
@@ -367,17 +395,23 @@ def create_app(engine: Engine) -> FastAPI:
     return app
 
 
-def _make_sink(loop: asyncio.AbstractEventLoop,
-               outbox: asyncio.Queue[tuple[int, dict[str, Any], bool]], index: int) -> sched.Sink:
+def _make_sink(
+    loop: asyncio.AbstractEventLoop,
+    outbox: asyncio.Queue[tuple[int, dict[str, Any], bool]],
+    index: int,
+) -> sched.Sink:
     def sink(payload: dict[str, Any], final: bool) -> None:
         loop.call_soon_threadsafe(outbox.put_nowait, (index, payload, final))
 
     return sink
 
 
-async def _stream(outbox: asyncio.Queue[tuple[int, dict[str, Any], bool]],
-                  reqs: list[sched.Request], many: bool,
-                  scheduler: sched.Scheduler) -> AsyncIterator[bytes]:
+async def _stream(
+    outbox: asyncio.Queue[tuple[int, dict[str, Any], bool]],
+    reqs: list[sched.Request],
+    many: bool,
+    scheduler: sched.Scheduler,
+) -> AsyncIterator[bytes]:
     finished = [False] * len(reqs)
     try:
         while not all(finished):
@@ -404,11 +438,16 @@ def serve(config: EngineConfig) -> None:
     _configure_logging(config.log_level)
     engine = Engine(config)
     engine.scheduler.start()
-    log.info("engine ready: %s (context %d, %d slots)", engine.model_dir,
-             engine.context_length, config.max_running_requests)
+    log.info(
+        "engine ready: %s (context %d, %d slots)",
+        engine.model_dir,
+        engine.context_length,
+        config.max_running_requests,
+    )
     try:
-        uvicorn.run(create_app(engine), host=config.host, port=config.port,
-                    log_level=config.log_level)
+        uvicorn.run(
+            create_app(engine), host=config.host, port=config.port, log_level=config.log_level
+        )
     finally:
         engine.scheduler.stop()
 
@@ -419,12 +458,17 @@ class BackgroundServer:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.engine = Engine(config)
-        self._server = uvicorn.Server(uvicorn.Config(
-            create_app(self.engine), host=config.host, port=config.port,
-            log_level=config.log_level,
-        ))
-        self._thread = threading.Thread(target=self._server.run, name="rlgate-engine-http",
-                                        daemon=True)
+        self._server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(self.engine),
+                host=config.host,
+                port=config.port,
+                log_level=config.log_level,
+            )
+        )
+        self._thread = threading.Thread(
+            target=self._server.run, name="rlgate-engine-http", daemon=True
+        )
 
     @property
     def url(self) -> str:

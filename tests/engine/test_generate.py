@@ -212,7 +212,12 @@ def test_streaming_matches_non_streaming(generate, client, chat_ids) -> None:  #
     assert last["text"] == plain["text"]
     assert last["output_ids"] == plain["output_ids"]
     assert last["meta_info"]["finish_reason"] == plain["meta_info"]["finish_reason"]
-    assert last["meta_info"]["output_token_logprobs"] == plain["meta_info"]["output_token_logprobs"]
+    # the second run copies the first one's cached prompt (prefix reuse): same tokens,
+    # logprobs equal up to float rounding
+    streamed = last["meta_info"]["output_token_logprobs"]
+    expected = plain["meta_info"]["output_token_logprobs"]
+    assert [t[1:] for t in streamed] == [t[1:] for t in expected]
+    assert [t[0] for t in streamed] == pytest.approx([t[0] for t in expected], abs=1e-4)
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
 
 

@@ -66,17 +66,55 @@ def test_concurrent_requests_reuse_the_shared_prompt(generate, client, chat_ids)
     assert after - before >= sum(cached)
 
 
-def test_n_samples_of_one_prompt_prefill_once(generate, client, chat_ids) -> None:  # type: ignore[no-untyped-def]
-    ids = chat_ids[2]
+def test_n_samples_of_one_prompt_prefill_once(generate, client, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    ids = list(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Name a bird that cannot fly."}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+    )
     many = generate(
         client,
         input_ids=ids,
         sampling_params={"temperature": 1.0, "max_new_tokens": 6, "n": 4},
     )
     cached = sorted(m["meta_info"]["cached_tokens"] for m in many)
-    # the first is prefilled in full; the others copy all but the last prompt token
-    assert cached[0] == 0
+    # the first is prefilled after the shared system prompt at most (a new question);
+    # the others copy all but the last prompt token from it
+    assert cached[0] < len(ids) - 5
     assert cached[1:] == [len(ids) - 1] * 3
+
+
+def test_next_turn_reuses_the_finished_turn(
+    generate, client, hf_model, hf_greedy, tokenizer
+) -> None:  # type: ignore[no-untyped-def]
+    """A finished sequence stays in a spare slot: the next call of the conversation (its
+    prompt extends the previous prompt + answer) copies it instead of prefilling again,
+    and generates exactly what a full prefill would."""
+    first = list(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Tell me one fact about the moon."}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+    )
+    out = generate(
+        client, input_ids=first, sampling_params={"temperature": 0, "max_new_tokens": 12}
+    )
+    turn = first + out["output_ids"]
+    follow = tokenizer(
+        "\n<|im_start|>user\nAnd one about the sun.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    second = turn + list(follow["input_ids"])
+    out2 = generate(
+        client, input_ids=second, sampling_params={"temperature": 0, "max_new_tokens": 12}
+    )
+    held = len(turn) - 1  # the last sampled token was never fed back, so it has no KV
+    assert out2["meta_info"]["cached_tokens"] >= held
+    assert out2["output_ids"] == hf_greedy(hf_model, second, 12, [2])
 
 
 def test_prefill_batch_equals_one_by_one(model_dir: Path, chat_ids) -> None:  # type: ignore[no-untyped-def]
