@@ -282,15 +282,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await asyncio.to_thread(session_closed, gw.factory, session_id)
         return out
 
-    from gateway import (
-        admin_routes,
-        anthropic_routes,
-        areal_routes,
-        feedback_routes,
-        responses_routes,
-    )
+    from gateway import anthropic_routes, areal_routes, feedback_routes, responses_routes
+    from gateway.admin import api as admin_api
+    from gateway.admin import pages as admin_pages
 
-    for mod in (anthropic_routes, responses_routes, feedback_routes, areal_routes, admin_routes):
+    for mod in (
+        anthropic_routes,
+        responses_routes,
+        feedback_routes,
+        areal_routes,
+        admin_pages,
+        admin_api,
+    ):
         app.include_router(mod.router)
     return app
 

@@ -1,0 +1,190 @@
+"""The dashboard's JSON API under ``/admin/api``.
+
+Callers authenticate with the session cookie (POST / PATCH then need ``X-CSRF-Token``) or
+with ``Authorization: Bearer <admin key>``. Errors are the gateway's error JSON; an
+:class:`ActionError` from an action becomes one with the same status and message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from gateway import admin_actions as actions
+from gateway.admin import queries
+from gateway.admin.auth import api_ctx, project_for
+from gateway.admin.ops import db, decoder, do_action
+from gateway.admin.params import (
+    feedback_filters,
+    int_param,
+    key_filters,
+    paging,
+    q,
+    run_filters,
+    session_filters,
+)
+from gateway.admin_actions import ActionError
+from gateway.errors import APIError
+from gateway.routing import gw_of
+
+router = APIRouter(include_in_schema=False)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def action_errors(route: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Answer an ActionError raised by the route as the gateway's JSON error."""
+
+    @functools.wraps(route)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await route(*args, **kwargs)
+        except ActionError as e:
+            raise APIError(e.status, e.message) from None
+
+    return wrapper
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise APIError(400, "the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    return body
+
+
+# ---- reading ------------------------------------------------------------------------
+
+
+@router.get("/admin/api/overview")
+async def api_overview(request: Request) -> JSONResponse:
+    ctx = await api_ctx(request)
+    hours = int_param(request, "hours", 24, 1, 24 * 14)
+    return JSONResponse(queries.jsonable(await db(request, queries.overview, ctx.scope, hours)))
+
+
+@router.get("/admin/api/sessions")
+async def api_sessions(request: Request) -> JSONResponse:
+    ctx = await api_ctx(request)
+    page = await db(
+        request, queries.sessions, ctx.scope, **session_filters(request), **paging(request)
+    )
+    return JSONResponse(page.as_json())
+
+
+@router.get("/admin/api/sessions/{session_id}")
+async def api_session(session_id: str, request: Request) -> JSONResponse:
+    ctx = await api_ctx(request)
+    decode = decoder(request) if request.query_params.get("tokens") in ("1", "true") else None
+    detail = await db(request, queries.session_detail, ctx.scope, session_id, decode)
+    if detail is None:
+        raise APIError(404, f"no session {session_id}")
+    return JSONResponse(queries.jsonable(detail))
+
+
+@router.get("/admin/api/feedback")
+async def api_feedback(request: Request) -> JSONResponse:
+    ctx = await api_ctx(request)
+    page = await db(
+        request, queries.feedback, ctx.scope, **feedback_filters(request), **paging(request)
+    )
+    return JSONResponse(page.as_json())
+
+
+@router.get("/admin/api/runs")
+async def api_runs(request: Request) -> JSONResponse:
+    ctx = await api_ctx(request)
+    page = await db(request, queries.runs, ctx.scope, **run_filters(request), **paging(request))
+    return JSONResponse(page.as_json())
+
+
+@router.get("/admin/api/runs/{run_id}")
+async def api_run(run_id: str, request: Request) -> JSONResponse:
+    ctx = await api_ctx(request)
+    run = await db(request, queries.run_detail, ctx.scope, run_id, **paging(request))
+    if run is None:
+        raise APIError(404, f"no run {run_id}")
+    run["samples"] = run["samples"].as_json()
+    return JSONResponse(queries.jsonable(run))
+
+
+@router.get("/admin/api/adapters")
+async def api_adapters(request: Request) -> JSONResponse:
+    ctx = await api_ctx(request)
+    items = await db(request, queries.adapters, ctx.scope, project=q(request, "project"))
+    return JSONResponse({"items": queries.jsonable(items)})
+
+
+@router.get("/admin/api/keys")
+async def api_keys(request: Request) -> JSONResponse:
+    ctx = await api_ctx(request)
+    page = await db(request, queries.keys, ctx.scope, **key_filters(request), **paging(request))
+    return JSONResponse(page.as_json())
+
+
+# ---- acting -------------------------------------------------------------------------
+
+
+@router.post("/admin/api/keys")
+@action_errors
+async def api_key_create(request: Request) -> JSONResponse:
+    ctx = await api_ctx(request, post=True)
+    body = await _json_body(request)
+    pid = project_for(ctx, body.get("project_id"))
+    kind, name = str(body.get("kind", "agent")), body.get("name")
+    factory = gw_of(request).factory
+    created = await asyncio.to_thread(actions.new_key, factory, pid, kind, name, ctx.actor)
+    return JSONResponse(created, status_code=201)
+
+
+@router.post("/admin/api/keys/{key_id}/revoke")
+@action_errors
+async def api_key_revoke(key_id: str, request: Request) -> JSONResponse:
+    ctx = await api_ctx(request, post=True)
+    gw = gw_of(request)
+    out = await asyncio.to_thread(actions.drop_key, gw.factory, key_id, ctx.actor, ctx.scope)
+    gw.auth.forget()
+    return JSONResponse(out)
+
+
+@router.get("/admin/api/projects/{project_id}/training")
+@action_errors
+async def api_training_get(project_id: str, request: Request) -> JSONResponse:
+    ctx = await api_ctx(request)
+    pid = project_for(ctx, project_id)
+    out = await asyncio.to_thread(actions.training_settings, gw_of(request).factory, pid)
+    return JSONResponse(out)
+
+
+@router.patch("/admin/api/projects/{project_id}/training")
+@action_errors
+async def api_training_patch(project_id: str, request: Request) -> JSONResponse:
+    ctx = await api_ctx(request, post=True)
+    body = await _json_body(request)
+    pid = project_for(ctx, project_id)
+    factory = gw_of(request).factory
+    out = await asyncio.to_thread(actions.update_training_settings, factory, pid, body, ctx.actor)
+    return JSONResponse(out)
+
+
+@router.post("/admin/api/actions/{action}")
+@action_errors
+async def api_action(action: str, request: Request) -> JSONResponse:
+    ctx = await api_ctx(request, post=True)
+    body = await _json_body(request)
+    target = body.get("target")
+    target = str(target) if target is not None else None
+    out = await asyncio.to_thread(do_action, request, ctx, action, body.get("project_id"), target)
+    return JSONResponse(out, status_code=202 if action == "train-now" else 200)

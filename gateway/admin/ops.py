@@ -1,0 +1,53 @@
+"""Work the pages and the JSON API share: queries in a thread, the token decoder, actions."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import Request
+
+from gateway import admin_actions as actions
+from gateway.admin.auth import Ctx, project_for
+from gateway.admin_actions import ActionError
+from gateway.routing import gw_of
+
+ACTIONS = ("train-now", "pause", "resume", "promote", "rollback", "retire")
+
+
+async def db(request: Request, fn: Any, *args: Any, **kw: Any) -> Any:
+    """``fn(session, *args, **kw)`` on a database session, in a worker thread."""
+    gw = gw_of(request)
+
+    def work() -> Any:
+        with gw.factory() as session:
+            return fn(session, *args, **kw)
+
+    return await asyncio.to_thread(work)
+
+
+def decoder(request: Request) -> Any:
+    """The policy tokenizer's ``decode``, or None when the gateway has no tokenizer."""
+    tok = getattr(gw_of(request), "tokenizer", None)
+    return tok.decode if tok is not None else None
+
+
+def do_action(
+    request: Request, ctx: Ctx, action: str, project: str | None, target: str | None
+) -> dict[str, Any]:
+    """Blocking; run in a thread."""
+    gw = gw_of(request)
+    if action not in ACTIONS:
+        raise ActionError(404, f"unknown action {action!r}; one of {', '.join(ACTIONS)}")
+    pid = project_for(ctx, project)
+    if action == "train-now":
+        return actions.train_now(gw.factory, pid, ctx.actor)
+    if action in ("pause", "resume"):
+        return actions.set_paused(gw.factory, pid, action == "pause", ctx.actor)
+    if action == "rollback":
+        return actions.rollback(gw.factory, gw.settings, pid, ctx.actor, target or None)
+    if not target:
+        raise ActionError(400, f"{action} needs a target version (name, id or number)")
+    if action == "promote":
+        return actions.promote(gw.factory, gw.settings, pid, target, ctx.actor)
+    return actions.retire(gw.factory, pid, target, ctx.actor)
