@@ -58,6 +58,12 @@ class Request:
     generator: torch.Generator = field(default_factory=torch.Generator)
 
 
+def _held(req: Request) -> list[int]:
+    """The tokens whose keys/values ``req``'s slot holds (once prefilled): the prompt and
+    every sampled token but the last, which is fed back only at the next decode step."""
+    return req.input_ids + req.output_ids[:-1]
+
+
 @dataclass(eq=False)
 class Retired:
     """A finished sequence whose keys/values are kept in a spare slot for later prompts
@@ -93,9 +99,10 @@ class Scheduler:
         self.weight_version = weight_version
         self.num_threads = num_threads or os.cpu_count() or 1
         # slots 0..max_running-1 hold running sequences; the rest keep finished ones
-        spare = prefix_cache_slots if prefix_reuse else 0
+        self.prefix_cache_slots = prefix_cache_slots if prefix_reuse else 0
+        spare = self.prefix_cache_slots
         self.cache = KVCache(model.cfg, max_running + spare, context_length, model.dtype)
-        self._retired: list[Retired] = []
+        self.retired: list[Retired] = []
         self._spare_slots = list(range(max_running, max_running + spare))
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._waiting: deque[Request] = deque()
@@ -177,70 +184,60 @@ class Scheduler:
         batch than with any running sequence waits one step: once that one is prefilled
         it copies the prefix instead of computing it again (the ``n`` samples of a request
         are prefilled once)."""
-        batch: list[Request] = []
+        batch: list[tuple[Request, int, Request | Retired | None]] = []
         later: list[Request] = []
         while self._waiting and len(self._running) + len(batch) < self.max_running:
             req = self._waiting.popleft()
             if req.params.max_new_tokens == 0:
                 self._finish(req, {"type": "length", "length": 0, "matched": None})
                 continue
+            shared, donor = self._best_donor(req) if self.prefix_reuse else (0, None)
             if self.prefix_reuse and batch:
-                from_running = max(
-                    self._longest_prefix(req, self._running)[0],
-                    self._longest_prefix(req, self._retired)[0],
-                )
-                from_batch, _ = self._longest_prefix(req, batch)
-                if from_batch > from_running:
+                in_batch, _ = self._longest_prefix(req, [r for r, _, _ in batch])
+                if in_batch > shared:
                     later.append(req)
                     continue
-            batch.append(req)
+            batch.append((req, shared, donor))
         self._waiting.extendleft(reversed(later))
         if not batch:
             return
         items = []
-        for req in batch:
+        for req, shared, donor in batch:
             req.slot = len(self._running)
             self._running.append(req)
-            start = self._reuse_prefix(req) if self.prefix_reuse else 0
-            items.append((req.input_ids, req.slot, start))
+            if donor is not None:
+                self._copy_prefix(req, shared, donor)
+            items.append((req.input_ids, req.slot, req.cached_tokens))
+        reqs = [r for r, _, _ in batch]
         try:
-            rows = [
-                r.adapter
-                for r, (ids, _, start) in zip(batch, items, strict=True)
-                for _ in ids[start:]
-            ]
+            rows = [r.adapter for r in reqs for _ in r.input_ids[r.cached_tokens :]]
             logits = self.model.prefill_batch(items, self.cache, LoraBatch.for_rows(rows))
             sampled = sample_batch(
                 logits,
-                [r.params for r in batch],
-                [r.generator for r in batch],
-                [r.top_logprobs_num for r in batch],
+                [r.params for r in reqs],
+                [r.generator for r in reqs],
+                [r.top_logprobs_num for r in reqs],
             )
         except Exception:
-            log.error("prefill of %d request(s) failed:\n%s", len(batch), traceback.format_exc())
-            for req in batch:
+            log.error("prefill of %d request(s) failed:\n%s", len(reqs), traceback.format_exc())
+            for req in reqs:
                 self._finish(req, _abort("internal engine error during prefill"))
             return
-        for req, tok in zip(batch, sampled, strict=True):
+        for req, tok in zip(reqs, sampled, strict=True):
             self._accept(req, tok)
 
     def _longest_prefix(
         self, req: Request, others: list[Request] | list[Retired]
     ) -> tuple[int, Request | Retired | None]:
-        """The longest prefix of ``req``'s prompt (all but its last token) that one of
-        ``others`` with the same adapter holds: a running sequence its prompt and output
-        so far, a not yet prefilled one its prompt, a retired one what its slot keeps."""
+        """The longest prefix of ``req``'s prompt (all but its last token, whose logits give
+        the first sampled token) that one of ``others`` with the same adapter holds or, not
+        prefilled yet, will hold."""
         best, donor = 0, None
         limit = len(req.input_ids) - 1
         for other in others:
             if other is req or other.adapter is not req.adapter:
                 continue
-            if isinstance(other, Retired):
-                held = other.tokens
-            elif other.output_ids:
-                held = other.input_ids + other.output_ids[:-1]
-            else:
-                held = other.input_ids
+            held = other.tokens if isinstance(other, Retired) else _held(other)
             n = 0
             for a, b in zip(req.input_ids[:limit], held, strict=False):
                 if a != b:
@@ -250,24 +247,20 @@ class Scheduler:
                 best, donor = n, other
         return best, donor
 
-    def _reuse_prefix(self, req: Request) -> int:
-        """Copy the longest prompt prefix a running, already prefilled sequence or a
-        retired one (same adapter) holds in its KV slot; returns how many positions were
-        copied. At least the last prompt token is recomputed: its logits give the first
-        token."""
-        prefilled = [r for r in self._running if r.output_ids]
-        best, donor = self._longest_prefix(req, prefilled)
-        kept, retired = self._longest_prefix(req, self._retired)
-        if kept > best:
-            best, donor = kept, retired
-        if donor is None:
-            return 0
+    def _best_donor(self, req: Request) -> tuple[int, Request | Retired | None]:
+        """The running (already prefilled) or retired sequence sharing the longest prefix
+        with ``req``'s prompt."""
+        running = self._longest_prefix(req, [r for r in self._running if r.output_ids])
+        retired = self._longest_prefix(req, self.retired)
+        return max(running, retired, key=lambda found: found[0])
+
+    def _copy_prefix(self, req: Request, n: int, donor: Request | Retired) -> None:
+        """Copy the donor's first ``n`` cached positions into ``req``'s slot."""
         if isinstance(donor, Retired):
             donor.used = time.monotonic()
-        self.cache.move(donor.slot, req.slot, best)
-        req.cached_tokens = best
-        self.reused_tokens += best
-        return best
+        self.cache.move(donor.slot, req.slot, n)
+        req.cached_tokens = n
+        self.reused_tokens += n
 
     def _decode_step(self) -> None:
         running = self._running
@@ -320,27 +313,27 @@ class Scheduler:
     def _retire(self, req: Request) -> None:
         """Keep a finished sequence's keys/values in a spare slot (least recently used
         one goes), unless a kept one already holds them."""
-        tokens = (req.input_ids + req.output_ids)[: len(req.input_ids) + len(req.output_ids) - 1]
-        for kept in self._retired:
+        tokens = _held(req)
+        for kept in self.retired:
             if kept.adapter is req.adapter and kept.tokens[: len(tokens)] == tokens:
                 kept.used = time.monotonic()
                 return  # nothing new
         extended = [
             k
-            for k in self._retired
+            for k in self.retired
             if k.adapter is req.adapter and tokens[: len(k.tokens)] == k.tokens
         ]
         if extended:  # a conversation's next turn replaces its previous one
             slot = extended[0].slot
-            self._retired.remove(extended[0])
+            self.retired.remove(extended[0])
         elif self._spare_slots:
             slot = self._spare_slots.pop()
         else:
-            oldest = min(self._retired, key=lambda k: k.used)
-            self._retired.remove(oldest)
+            oldest = min(self.retired, key=lambda k: k.used)
+            self.retired.remove(oldest)
             slot = oldest.slot
         self.cache.move(req.slot, slot, len(tokens))
-        self._retired.append(Retired(tokens, slot, req.adapter))
+        self.retired.append(Retired(tokens, slot, req.adapter))
 
     def _finish(self, req: Request, reason: dict[str, Any]) -> None:
         req.finish_reason = reason
@@ -348,7 +341,7 @@ class Scheduler:
             self._waiting.remove(req)
         keep = (
             reason["type"] in ("stop", "length")
-            and (self._retired or self._spare_slots)
+            and (self.retired or self._spare_slots)
             and req.slot >= 0
             and req.output_ids
         )

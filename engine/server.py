@@ -254,8 +254,8 @@ def create_app(engine: Engine) -> FastAPI:
             "version": "rlgate-embedded",
             "decode_steps": scheduler.steps,
             "prefix_reused_tokens": scheduler.reused_tokens,
-            "prefix_cache_slots": len(scheduler._spare_slots) + len(scheduler._retired),
-            "prefix_cached_sequences": len(scheduler._retired),
+            "prefix_cache_slots": scheduler.prefix_cache_slots,
+            "prefix_cached_sequences": len(scheduler.retired),
             **scheduler.load,
         }
 

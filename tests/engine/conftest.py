@@ -111,6 +111,18 @@ def hf_model(model_dir: Path):  # type: ignore[no-untyped-def]
     return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
 
 
+def chat_prompt(tokenizer, question: str) -> list[int]:  # type: ignore[no-untyped-def]
+    """One user question rendered with the chat template (as the gateway would send it)."""
+    return list(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+    )
+
+
 @pytest.fixture(scope="session")
 def chat_ids(tokenizer) -> list[list[int]]:  # type: ignore[no-untyped-def]
     """A few rendered chat prompts (as the gateway would send them)."""
@@ -122,17 +134,7 @@ def chat_ids(tokenizer) -> list[list[int]]:  # type: ignore[no-untyped-def]
         "Explain gravity in one sentence.",
         "Say hello in Spanish.",
     ]
-    return [
-        list(
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": q}],
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=False,
-            )
-        )
-        for q in questions
-    ]
+    return [chat_prompt(tokenizer, q) for q in questions]
 
 
 def _make_adapter(

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engine.llama import KVCache, LlamaModel
+from tests.engine.conftest import chat_prompt
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -67,14 +68,7 @@ def test_concurrent_requests_reuse_the_shared_prompt(generate, client, chat_ids)
 
 
 def test_n_samples_of_one_prompt_prefill_once(generate, client, tokenizer) -> None:  # type: ignore[no-untyped-def]
-    ids = list(
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": "Name a bird that cannot fly."}],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-        )
-    )
+    ids = chat_prompt(tokenizer, "Name a bird that cannot fly.")
     many = generate(
         client,
         input_ids=ids,
@@ -93,14 +87,7 @@ def test_next_turn_reuses_the_finished_turn(
     """A finished sequence stays in a spare slot: the next call of the conversation (its
     prompt extends the previous prompt + answer) copies it instead of prefilling again,
     and generates exactly what a full prefill would."""
-    first = list(
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": "Tell me one fact about the moon."}],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-        )
-    )
+    first = chat_prompt(tokenizer, "Tell me one fact about the moon.")
     out = generate(
         client, input_ids=first, sampling_params={"temperature": 0, "max_new_tokens": 12}
     )
