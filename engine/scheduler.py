@@ -30,6 +30,7 @@ import torch
 
 from engine.llama import KVCache, LlamaModel
 from engine.lora import AdapterRegistry, LoraAdapter, LoraBatch
+from engine.prefix_cache import Donor, PrefixCache, longest_prefix
 from engine.sampling import SampledToken, SamplingParams, sample_batch
 
 log = logging.getLogger("rlgate.engine")
@@ -58,23 +59,6 @@ class Request:
     generator: torch.Generator = field(default_factory=torch.Generator)
 
 
-def _held(req: Request) -> list[int]:
-    """The tokens whose keys/values ``req``'s slot holds (once prefilled): the prompt and
-    every sampled token but the last, which is fed back only at the next decode step."""
-    return req.input_ids + req.output_ids[:-1]
-
-
-@dataclass(eq=False)
-class Retired:
-    """A finished sequence whose keys/values are kept in a spare slot for later prompts
-    that extend it (the next turn of a conversation, the next call of an agent)."""
-
-    tokens: list[int]  # the positions its slot holds
-    slot: int
-    adapter: LoraAdapter | None
-    used: float = field(default_factory=time.monotonic)
-
-
 class Scheduler:
     def __init__(
         self,
@@ -99,19 +83,15 @@ class Scheduler:
         self.weight_version = weight_version
         self.num_threads = num_threads or os.cpu_count() or 1
         # slots 0..max_running-1 hold running sequences; the rest keep finished ones
-        self.prefix_cache_slots = prefix_cache_slots if prefix_reuse else 0
-        spare = self.prefix_cache_slots
+        spare = prefix_cache_slots if prefix_reuse else 0
         self.cache = KVCache(model.cfg, max_running + spare, context_length, model.dtype)
-        self.retired: list[Retired] = []
-        self._spare_slots = list(range(max_running, max_running + spare))
+        self.prefix = PrefixCache(self.cache, max_running, spare) if prefix_reuse else None
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._thread = threading.Thread(target=self._loop, name="rlgate-scheduler", daemon=True)
         self._stopped = threading.Event()
         self.steps = 0
-        self.prefix_reuse = prefix_reuse
-        self.reused_tokens = 0
 
     # ---- API for other threads ----------------------------------------------------------
 
@@ -184,16 +164,16 @@ class Scheduler:
         batch than with any running sequence waits one step: once that one is prefilled
         it copies the prefix instead of computing it again (the ``n`` samples of a request
         are prefilled once)."""
-        batch: list[tuple[Request, int, Request | Retired | None]] = []
+        batch: list[tuple[Request, int, Donor | None]] = []
         later: list[Request] = []
         while self._waiting and len(self._running) + len(batch) < self.max_running:
             req = self._waiting.popleft()
             if req.params.max_new_tokens == 0:
                 self._finish(req, {"type": "length", "length": 0, "matched": None})
                 continue
-            shared, donor = self._best_donor(req) if self.prefix_reuse else (0, None)
-            if self.prefix_reuse and batch:
-                in_batch, _ = self._longest_prefix(req, [r for r, _, _ in batch])
+            shared, donor = self.prefix.best_donor(req, self._running) if self.prefix else (0, None)
+            if self.prefix and batch:
+                in_batch, _ = longest_prefix(req, [r for r, _, _ in batch])
                 if in_batch > shared:
                     later.append(req)
                     continue
@@ -205,8 +185,8 @@ class Scheduler:
         for req, shared, donor in batch:
             req.slot = len(self._running)
             self._running.append(req)
-            if donor is not None:
-                self._copy_prefix(req, shared, donor)
+            if self.prefix and donor is not None:
+                self.prefix.copy(req, shared, donor)
             items.append((req.input_ids, req.slot, req.cached_tokens))
         reqs = [r for r, _, _ in batch]
         try:
@@ -225,42 +205,6 @@ class Scheduler:
             return
         for req, tok in zip(reqs, sampled, strict=True):
             self._accept(req, tok)
-
-    def _longest_prefix(
-        self, req: Request, others: list[Request] | list[Retired]
-    ) -> tuple[int, Request | Retired | None]:
-        """The longest prefix of ``req``'s prompt (all but its last token, whose logits give
-        the first sampled token) that one of ``others`` with the same adapter holds or, not
-        prefilled yet, will hold."""
-        best, donor = 0, None
-        limit = len(req.input_ids) - 1
-        for other in others:
-            if other is req or other.adapter is not req.adapter:
-                continue
-            held = other.tokens if isinstance(other, Retired) else _held(other)
-            n = 0
-            for a, b in zip(req.input_ids[:limit], held, strict=False):
-                if a != b:
-                    break
-                n += 1
-            if n > best:
-                best, donor = n, other
-        return best, donor
-
-    def _best_donor(self, req: Request) -> tuple[int, Request | Retired | None]:
-        """The running (already prefilled) or retired sequence sharing the longest prefix
-        with ``req``'s prompt."""
-        running = self._longest_prefix(req, [r for r in self._running if r.output_ids])
-        retired = self._longest_prefix(req, self.retired)
-        return max(running, retired, key=lambda found: found[0])
-
-    def _copy_prefix(self, req: Request, n: int, donor: Request | Retired) -> None:
-        """Copy the donor's first ``n`` cached positions into ``req``'s slot."""
-        if isinstance(donor, Retired):
-            donor.used = time.monotonic()
-        self.cache.move(donor.slot, req.slot, n)
-        req.cached_tokens = n
-        self.reused_tokens += n
 
     def _decode_step(self) -> None:
         running = self._running
@@ -310,43 +254,12 @@ class Scheduler:
                     return {"type": "stop", "matched": s}
         return None
 
-    def _retire(self, req: Request) -> None:
-        """Keep a finished sequence's keys/values in a spare slot (least recently used
-        one goes), unless a kept one already holds them."""
-        tokens = _held(req)
-        for kept in self.retired:
-            if kept.adapter is req.adapter and kept.tokens[: len(tokens)] == tokens:
-                kept.used = time.monotonic()
-                return  # nothing new
-        extended = [
-            k
-            for k in self.retired
-            if k.adapter is req.adapter and tokens[: len(k.tokens)] == k.tokens
-        ]
-        if extended:  # a conversation's next turn replaces its previous one
-            slot = extended[0].slot
-            self.retired.remove(extended[0])
-        elif self._spare_slots:
-            slot = self._spare_slots.pop()
-        else:
-            oldest = min(self.retired, key=lambda k: k.used)
-            self.retired.remove(oldest)
-            slot = oldest.slot
-        self.cache.move(req.slot, slot, len(tokens))
-        self.retired.append(Retired(tokens, slot, req.adapter))
-
     def _finish(self, req: Request, reason: dict[str, Any]) -> None:
         req.finish_reason = reason
         if req in self._waiting:
             self._waiting.remove(req)
-        keep = (
-            reason["type"] in ("stop", "length")
-            and (self.retired or self._spare_slots)
-            and req.slot >= 0
-            and req.output_ids
-        )
-        if keep:
-            self._retire(req)
+        if self.prefix and reason["type"] in ("stop", "length") and req.slot >= 0:
+            self.prefix.retire(req)
         if req.slot >= 0 and req in self._running:
             i = req.slot
             last = self._running.pop()

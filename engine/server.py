@@ -253,9 +253,9 @@ def create_app(engine: Engine) -> FastAPI:
             "dtype": engine.config.dtype,
             "version": "rlgate-embedded",
             "decode_steps": scheduler.steps,
-            "prefix_reused_tokens": scheduler.reused_tokens,
-            "prefix_cache_slots": scheduler.prefix_cache_slots,
-            "prefix_cached_sequences": len(scheduler.retired),
+            "prefix_reused_tokens": scheduler.prefix.reused_tokens if scheduler.prefix else 0,
+            "prefix_cache_slots": scheduler.prefix.spare_slots if scheduler.prefix else 0,
+            "prefix_cached_sequences": len(scheduler.prefix.retired) if scheduler.prefix else 0,
             **scheduler.load,
         }
 
