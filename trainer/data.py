@@ -3,6 +3,9 @@
 One sample per interaction: the rendered prompt (masked) followed by the sampled
 completion ids (trained), with the recorded per-token logprobs and temperature.
 Prefix-merging of a session branch into one sequence is not implemented.
+Samples of a version newer than the serving one (it was rolled back) are skipped and stay
+unconsumed. Records marked redacted (``request["rlgate_redaction"]["redacted"]``: the
+gateway redacted them or retention purged them) are never selected or counted.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
 
-from sqlalchemy import func, select
+from sqlalchemy import false, func, or_, select
 from sqlalchemy.orm import Session
 
 from schemas.tables import InteractionRow, PolicyVersionRow, SessionRow
@@ -30,6 +33,7 @@ class Sample:
     group_key: str  # samples with the same key are normalized together
     baseline_key: str  # running baseline of singletons (the session's task, or "_default")
     advantage: float = 0.0
+    version: int = 0  # the policy version that sampled it (base = 0)
 
     @property
     def length(self) -> int:
@@ -55,18 +59,31 @@ def policy_versions(db: Session, project_id: str) -> tuple[dict[str, int], int]:
     return versions, serving
 
 
-def _trainable(project_id: str):  # type: ignore[no-untyped-def]
+def trainable_where(project_id: str):  # type: ignore[no-untyped-def]
     return (
         InteractionRow.project_id == project_id,
         InteractionRow.reward.is_not(None),
         InteractionRow.consumed_by_run_id.is_(None),
         InteractionRow.finish_reason != "abort",
+        not_redacted(),
     )
+
+
+# Set by the gateway's redaction (gateway/redaction.py) and by the retention job
+# (trainer/retention.py): such a record's text no longer matches its token ids, which
+# are dropped, so it is never trained on.
+REDACTION_MARKER = "rlgate_redaction"
+
+
+def not_redacted():  # type: ignore[no-untyped-def]
+    """SQL: the record is not marked ``request["rlgate_redaction"]["redacted"]``."""
+    flag = InteractionRow.request[(REDACTION_MARKER, "redacted")].as_boolean()
+    return or_(flag.is_(None), flag == false())
 
 
 def fresh_versions(db: Session, project_id: str, max_staleness: int) -> list[str]:
     versions, serving = policy_versions(db, project_id)
-    return [name for name, v in versions.items() if serving - v <= max_staleness]
+    return [name for name, v in versions.items() if 0 <= serving - v <= max_staleness]
 
 
 def count_trainable(db: Session, project_id: str, max_staleness: int) -> int:
@@ -76,7 +93,7 @@ def count_trainable(db: Session, project_id: str, max_staleness: int) -> int:
         db.scalar(
             select(func.count())
             .select_from(InteractionRow)
-            .where(*_trainable(project_id), InteractionRow.policy_version.in_(names))
+            .where(*trainable_where(project_id), InteractionRow.policy_version.in_(names))
         )
         or 0
     )
@@ -90,7 +107,7 @@ def select_samples(
     rows = db.execute(
         select(InteractionRow, SessionRow.task_id)
         .join(SessionRow, SessionRow.id == InteractionRow.session_id)
-        .where(*_trainable(project_id))
+        .where(*trainable_where(project_id))
         .order_by(InteractionRow.created_at, InteractionRow.id)
     ).all()
     for row, task_id in rows:
@@ -100,6 +117,9 @@ def select_samples(
             continue
         if serving - version > max_staleness:
             out.skipped["stale"] += 1
+            continue
+        if version > serving:  # sampled by a version that was rolled back
+            out.skipped["rolled_back"] += 1
             continue
         comp = list(row.completion_token_ids or [])
         lps = list(row.completion_logprobs or [])
@@ -127,6 +147,7 @@ def select_samples(
                 reward=float(row.reward),
                 group_key=group_key,
                 baseline_key=task_id or "_default",
+                version=version,
             )
         )
     return out

@@ -10,10 +10,15 @@ Three policies meet here, per sampled token:
     w       = pi_prox / mu                        behaviour importance weight (no gradient)
     keep    = band_low <= w <= band_high          tokens outside the band are masked (IcePop)
     loss_t  = min(w, w_cap) * pg * keep  +  kl_coef * k3(pi_theta || pi_base)
+              - entropy_coef * H_t          (H_t: entropy of pi_theta at the token's position;
+                                             with entropy_floor, only while mean H < floor)
 
 Aggregation: ``token-mean`` divides the sum over sampled tokens by their number;
 ``seq-mean`` averages per sequence first, then over sequences. Masked tokens count in the
 denominators (they contribute zero), so masking never rescales the other tokens.
+Metrics: ``kl_prox`` (k3 of pi_prox vs pi_theta: how far this run has moved, the trust
+region's measure), ``masked_stale_frac`` / ``masked_mismatch_frac`` (masked tokens of rows
+sampled by an older version / by the version being trained: engine-trainer mismatch).
 ``num_tokens`` / ``num_seqs`` let micro-batches share the normalizer of the whole batch.
 """
 
@@ -32,6 +37,8 @@ class LossConfig:
     band_low: float | None = 0.5  # IcePop band on pi_prox / mu (None: no lower bound)
     band_high: float | None = 2.0  # (None: no upper bound)
     kl_coef: float = 0.0  # k3 KL to the base model (adapter disabled)
+    entropy_coef: float = 0.0
+    entropy_floor: float | None = None
     aggregation: str = "token-mean"  # or "seq-mean"
 
 
@@ -42,6 +49,19 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: tor
     return torch.log_softmax(scaled, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
+def token_entropy(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits / T) per row (T as in :func:`token_logprobs`)."""
+    t = torch.where(temperature > 1e-6, temperature, torch.ones_like(temperature))
+    logp = torch.log_softmax(logits.float() / t.unsqueeze(-1).to(torch.float32), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def k3(logp_other: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """k3 estimator of KL(pi || pi_other) from sampled tokens' logprobs (>= 0)."""
+    d = logp_other - logp
+    return torch.exp(d) - d - 1.0
+
+
 def ppo_loss(
     logp: torch.Tensor,  # [B, T] current policy, requires grad
     prox_logp: torch.Tensor,  # [B, T] proximal policy
@@ -50,6 +70,8 @@ def ppo_loss(
     mask: torch.Tensor,  # [B, T] bool: sampled tokens
     cfg: LossConfig,
     ref_logp: torch.Tensor | None = None,  # [B, T] base model, for the KL term
+    entropy: torch.Tensor | None = None,  # [B, T] entropy of pi_theta per position
+    stale: torch.Tensor | None = None,  # [B] bool: sampled by an older policy version
     num_tokens: float | None = None,
     num_seqs: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -74,9 +96,12 @@ def ppo_loss(
 
     kl = torch.zeros_like(logp)
     if cfg.kl_coef and ref_logp is not None:
-        d = ref_logp.detach() - logp
-        kl = torch.exp(d) - d - 1.0  # k3 estimator of KL(pi_theta || pi_base), >= 0
+        kl = k3(ref_logp.detach(), logp)  # KL(pi_theta || pi_base)
         per_token = per_token + cfg.kl_coef * kl * m
+    ent = entropy if entropy is not None else torch.zeros_like(logp)
+    mean_ent = float((ent.detach() * m).sum() / m.sum().clamp(min=1.0))
+    if cfg.entropy_coef and (cfg.entropy_floor is None or mean_ent < cfg.entropy_floor):
+        per_token = per_token - cfg.entropy_coef * ent * m
 
     if cfg.aggregation == "token-mean":
         denom = num_tokens if num_tokens is not None else m.sum().clamp(min=1.0)
@@ -89,6 +114,8 @@ def ppo_loss(
         raise ValueError(f"aggregation {cfg.aggregation!r}: use token-mean or seq-mean")
 
     n = m.sum().clamp(min=1.0)
+    old = (stale if stale is not None else torch.zeros(m.shape[0], dtype=torch.bool)).to(m.device)
+    dropped = mask & ~keep
     with torch.no_grad():
         metrics = {
             "clip_frac": float(((pg2 > pg1) & mask).float().sum() / n),
@@ -96,8 +123,12 @@ def ppo_loss(
             "iw_mean": float((w * m).sum() / n),
             "iw_max": float(w[mask].max()) if mask.any() else 0.0,
             "iw_min": float(w[mask].min()) if mask.any() else 0.0,
-            "masked_frac": float((mask & ~keep).float().sum() / n),
+            "masked_frac": float(dropped.float().sum() / n),
+            "masked_stale_frac": float((dropped & old.unsqueeze(-1)).float().sum() / n),
+            "masked_mismatch_frac": float((dropped & ~old.unsqueeze(-1)).float().sum() / n),
             "kl": float((kl * m).sum() / n),
+            "kl_prox": float((k3(prox_logp, logp.detach()) * m).sum() / n),
+            "entropy": mean_ent,
             "tokens": float(m.sum()),
         }
     return loss, metrics

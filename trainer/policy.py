@@ -24,7 +24,7 @@ import torch
 
 from trainer.config import TrainConfig
 from trainer.data import Sample
-from trainer.loss import token_logprobs
+from trainer.loss import token_entropy, token_logprobs
 
 log = logging.getLogger("rlgate.trainer")
 
@@ -162,22 +162,39 @@ class Policy:
     def batch_logprobs(self, batch: MicroBatch) -> list[torch.Tensor]:
         """Per sample, logprobs of its completion tokens under the current model (with the
         gradient if enabled), at each sample's recorded temperature."""
-        if batch.shares_prompts:
-            return self.shared_prompt_logprobs(batch)
-        return self.padded_logprobs(batch)
+        return self.batch_logprobs_entropy(batch, None)[0]
 
-    def _head(self, h: torch.Tensor, samples: list[Sample]) -> list[torch.Tensor]:
-        """LM head on the hidden states that predict each sampled token, then logprobs."""
-        targets = [t for s in samples for t in s.completion_ids]
-        temps = [s.temperature for s in samples for _ in s.completion_ids]
-        dev = self.device
-        logits = self.model.get_base_model().get_output_embeddings()(h)
-        lp = token_logprobs(
-            logits, torch.tensor(targets, device=dev), torch.tensor(temps, device=dev)
-        )
-        return list(lp.split([len(s.completion_ids) for s in samples]))
+    def batch_logprobs_entropy(
+        self, batch: MicroBatch, entropy_grad: bool | None
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """Logprobs as :meth:`batch_logprobs`, and (unless ``entropy_grad`` is None) the
+        policy's entropy at each sampled position, with its gradient if ``entropy_grad``."""
+        forward = self.shared_prompt_hidden if batch.shares_prompts else self.padded_hidden
+        return self._head(forward(batch), batch.samples, entropy_grad)
 
     def shared_prompt_logprobs(self, batch: MicroBatch) -> list[torch.Tensor]:
+        return self._head(self.shared_prompt_hidden(batch), batch.samples)[0]
+
+    def padded_logprobs(self, batch: MicroBatch) -> list[torch.Tensor]:
+        return self._head(self.padded_hidden(batch), batch.samples)[0]
+
+    def _head(
+        self, h: torch.Tensor, samples: list[Sample], entropy_grad: bool | None = None
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """LM head on the hidden states that predict each sampled token, then logprobs."""
+        targets = [t for s in samples for t in s.completion_ids]
+        temps = torch.tensor([s.temperature for s in samples for _ in s.completion_ids])
+        dev = self.device
+        logits = self.model.get_base_model().get_output_embeddings()(h)
+        lp = token_logprobs(logits, torch.tensor(targets, device=dev), temps.to(dev))
+        sizes = [len(s.completion_ids) for s in samples]
+        if entropy_grad is None:
+            return list(lp.split(sizes)), None
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            ent = token_entropy(logits if entropy_grad else logits.detach(), temps.to(dev))
+        return list(lp.split(sizes)), list(ent.split(sizes))
+
+    def shared_prompt_hidden(self, batch: MicroBatch) -> torch.Tensor:
         """Each distinct prompt is forwarded once; its KV cache (still in the autograd
         graph, so prompt positions get their gradient from every completion) is then
         repeated for the completions that follow it."""
@@ -221,9 +238,9 @@ class Policy:
             last = int(rows[r]) * p_width + len(s.prompt_ids) - 1
             pieces.append(p_flat[last : last + 1])
             pieces.append(c_flat[r * c_width : r * c_width + len(s.completion_ids) - 1])
-        return self._head(torch.cat(pieces), samples)
+        return torch.cat(pieces)
 
-    def padded_logprobs(self, batch: MicroBatch) -> list[torch.Tensor]:
+    def padded_hidden(self, batch: MicroBatch) -> torch.Tensor:
         """One right-padded row per sample (prompt + completion)."""
         width = max(s.length for s in batch.samples)
         ids = torch.zeros(len(batch.samples), width, dtype=torch.long)
@@ -239,13 +256,12 @@ class Policy:
         hidden = causal.get_decoder()(
             input_ids=ids.to(dev), attention_mask=attention.to(dev), use_cache=False
         ).last_hidden_state
-        h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, torch.tensor(gather, device=dev))
-        return self._head(h, batch.samples)
+        return hidden.reshape(-1, hidden.shape[-1]).index_select(
+            0, torch.tensor(gather, device=dev)
+        )
 
     @torch.no_grad()
-    def logprobs(
-        self, batches: list[MicroBatch], adapter: bool = True
-    ) -> dict[str, torch.Tensor]:
+    def logprobs(self, batches: list[MicroBatch], adapter: bool = True) -> dict[str, torch.Tensor]:
         """No-gradient logprobs by interaction id (proximal, or base with the adapter off)."""
         was_training = self.model.training
         self.model.eval()

@@ -6,62 +6,49 @@ disk, PolicyVersion ``candidate`` written, interactions consumed, all in one tra
 commit leaves nothing consumed or published (the run is marked failed, by the worker or
 by the next claimer's takeover); an engine that refuses the adapter leaves the run
 ``trained-not-published`` with the error, and ``retry_publish`` (every beat tick) tries
-again.
+again. Before a run claims, the guards (trainer/guards.py) judge the serving version; a
+trip rolls back to the best earlier version, and the run then warm-starts from it.
+Publishing lives in trainer/serving.py, triggers in trainer/triggers.py.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
+import statistics
 import traceback
-from datetime import timedelta
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db import make_engine, session_factory, transaction
-from gateway.keys import audit, new_id
+from gateway.db import transaction
+from gateway.keys import new_id
 from gateway.settings import Settings, get_settings
 from schemas.coltypes import utcnow
 from schemas.tables import InteractionRow, PolicyVersionRow, ProjectRow, TrainingRunRow
-from trainer import publish, runs
+from trainer import guards, runs
 from trainer.advantages import Baselines, compute_advantages
-from trainer.config import TrainConfig
-from trainer.data import count_trainable, select_samples
+from trainer.config import TrainConfig, TrainConfigError
+from trainer.data import select_samples
+from trainer.serving import (  # noqa: F401 - the runner's public names
+    db_factory,
+    list_versions,
+    project_config,
+    publish_version,
+    retry_publish,
+    serve_version,
+    serving_row,
+)
+from trainer.triggers import due_projects, due_trigger  # noqa: F401
 
 log = logging.getLogger("rlgate.trainer")
 STATE_KEY = "trainer_state"  # Project.settings[STATE_KEY]["baselines"]
 
 
-@lru_cache(maxsize=8)
-def _factory_for(url: str) -> sessionmaker[Session]:
-    return session_factory(make_engine(url))
-
-
-def db_factory(settings: Settings | None = None) -> sessionmaker[Session]:
-    return _factory_for((settings or get_settings()).effective_database_url)
-
-
 def adapter_name(project_id: str, version: int) -> str:
     return f"{project_id}-policy-v{version}"
-
-
-def project_config(db: Session, project_id: str) -> tuple[ProjectRow, TrainConfig]:
-    project = db.get(ProjectRow, project_id)
-    if project is None:
-        raise LookupError(f"no project {project_id!r}")
-    return project, TrainConfig.from_project_settings(project.settings)
-
-
-def _serving(db: Session, project_id: str) -> PolicyVersionRow | None:
-    return db.scalars(
-        select(PolicyVersionRow)
-        .where(PolicyVersionRow.project_id == project_id, PolicyVersionRow.status == "serving")
-        .order_by(PolicyVersionRow.version.desc())
-    ).first()
 
 
 # ---- training ----------------------------------------------------------------------
@@ -81,13 +68,19 @@ def run_training(
     and the run row say what happened."""
     settings = settings or get_settings()
     factory = factory or db_factory(settings)
-    with factory() as db:
-        project, cfg = project_config(db, project_id)
-        paused = project.training_paused
+    try:
+        with factory() as db:
+            project, cfg = project_config(db, project_id)
+            paused = project.training_paused
+    except TrainConfigError as e:  # stored settings that do not validate: nothing runs
+        if run_id:
+            runs.finish(factory, run_id, "failed", f"training settings invalid: {e}")
+        return {"status": "failed", "run_id": run_id, "error": f"training settings invalid: {e}"}
     if paused and trigger != "manual":
         if run_id:
             runs.finish(factory, run_id, "cancelled", "training is paused for this project")
         return {"status": "skipped", "reason": "training paused"}
+    guard = check_guards(factory, settings, project_id)
     run_id, reason = runs.claim(
         factory, project_id, trigger, cfg.snapshot(), cfg.stale_after_s, run_id
     )
@@ -97,7 +90,7 @@ def run_training(
     log.info("project %s: run %s (%s) started", project_id, run_id, trigger)
     try:
         with runs.Heartbeat(factory, run_id, cfg.heartbeat_s):
-            outcome = _train_and_commit(factory, settings, project_id, run_id, cfg, progress)
+            outcome = _train_and_commit(factory, settings, project_id, run_id, cfg, progress, guard)
     except Exception as e:
         log.error("run %s failed:\n%s", run_id, traceback.format_exc())
         _fail_if_ours(factory, run_id, f"{type(e).__name__}: {e}")
@@ -106,7 +99,33 @@ def run_training(
         outcome["published"] = publish_version(factory, settings, outcome["policy_version_id"])
         with factory() as db:
             outcome["status"] = db.get(TrainingRunRow, run_id).status  # type: ignore[union-attr]
-    return {"run_id": run_id, **outcome}
+    return {"run_id": run_id, **outcome, **({"guard": guard} if guard else {})}
+
+
+def guard_all(factory: sessionmaker[Session], settings: Settings) -> list[str]:
+    """The beat's guard pass: every project whose serving version has a version before
+    it; returns ``project:rolled-back-name`` for each rollback."""
+    with factory() as db:
+        ids = db.scalars(
+            select(PolicyVersionRow.project_id).where(PolicyVersionRow.status == "serving")
+        ).all()
+    out = []
+    for project_id in sorted(set(ids)):
+        trip = check_guards(factory, settings, project_id)
+        if trip:
+            out.append(f"{project_id}:{trip['rolled_back']}")
+    return out
+
+
+def check_guards(
+    factory: sessionmaker[Session], settings: Settings, project_id: str
+) -> dict[str, Any] | None:
+    """The guards of one project; a failure to check is logged, never fatal to training."""
+    try:
+        return guards.enforce(factory, settings, project_id)
+    except Exception:
+        log.error("guards of project %s failed:\n%s", project_id, traceback.format_exc())
+        return None
 
 
 def _fail_if_ours(factory: sessionmaker[Session], run_id: str, error: str) -> None:
@@ -125,6 +144,7 @@ def _train_and_commit(
     run_id: str,
     cfg: TrainConfig,
     progress: bool,
+    guard: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     from engine.model_files import resolve_model_dir
     from trainer.policy import Policy, lora_config_dict
@@ -140,7 +160,7 @@ def _train_and_commit(
             max_samples=cfg.max_samples,
             group_by_prompt=cfg.group_by_prompt,
         )
-        serving = _serving(db, project_id)
+        serving = serving_row(db, project_id)
         next_version = 1 + int(
             db.scalar(
                 select(func.max(PolicyVersionRow.version)).where(
@@ -158,12 +178,18 @@ def _train_and_commit(
         leave_one_out=cfg.leave_one_out,
         baseline_alpha=cfg.baseline_alpha,
     )
+    n_groups = adv_stats.groups + adv_stats.dropped_zero_variance_groups
     data_stats = {
         "selected": len(sel.samples),
         "serving_version": sel.serving_version,
         **{f"skipped_{k}": v for k, v in sel.skipped.items()},
         **vars(adv_stats),
+        "zero_variance_share": adv_stats.dropped_zero_variance_groups / n_groups
+        if n_groups
+        else 0.0,
     }
+    if guard:
+        data_stats["guard"] = guard
     if not sel.samples:
         runs.finish(factory, run_id, "cancelled", f"no trainable samples ({data_stats})")
         return {"status": "cancelled", "data": data_stats}
@@ -196,7 +222,9 @@ def _train_and_commit(
         cfg,
         progress=progress,
         on_step=lambda m: runs.heartbeat(factory, run_id, {"step": m}),
+        policy_version=serving.version if (serving and policy.warm_started_from) else 0,
     )
+    data_stats["run_metrics"] = run_metrics(steps, data_stats["zero_variance_share"])
 
     name = adapter_name(project_id, next_version)
     out = Path(settings.data_dir) / "adapters" / project_id / name
@@ -294,197 +322,19 @@ def _commit(
             run.finished_at = utcnow()
 
 
-# ---- publishing --------------------------------------------------------------------
-
-
-def publish_version(
-    factory: sessionmaker[Session], settings: Settings, version_id: str, actor: str = "system"
-) -> bool:
-    """Load a candidate everywhere, gate it, make it serving, unload the old one."""
-    urls = settings.engine_url_list
-    with factory() as db:
-        pv = db.get(PolicyVersionRow, version_id)
-        if pv is None or pv.status != "candidate":
-            return False
-        _, cfg = project_config(db, pv.project_id)
-        serving = _serving(db, pv.project_id)
-        serving_name = serving.name if serving else None
-        project_id, name, path, run_id = pv.project_id, pv.name, pv.path, pv.created_by_run_id
-    try:
-        publish.load_everywhere(urls, name, path)
-        ok, metrics = publish.eval_gate(urls[0], name, serving_name, cfg.eval_gate)
-        if metrics:
-            with transaction(factory) as db:
-                db.get(PolicyVersionRow, version_id).eval_metrics = metrics  # type: ignore[union-attr]
-        if not ok:
-            with transaction(factory) as db:
-                db.get(PolicyVersionRow, version_id).status = "rejected"  # type: ignore[union-attr]
-                audit(
-                    db,
-                    actor,
-                    "adapter.reject",
-                    project_id,
-                    "policy_version",
-                    version_id,
-                    {"name": name, **metrics},
-                )
-            if run_id:
-                runs.finish(
-                    factory,
-                    run_id,
-                    "trained-not-published",
-                    f"eval gate rejected {name}: {metrics}",
-                )
-            publish.unload_everywhere(urls, name)
-            return False
-        previous = publish.switch_serving(
-            factory,
-            project_id,
-            version_id,
-            actor=actor,
-            action="adapter.promote",
-            run_id=run_id,
-            require_newer=True,
-        )
-    except Exception as e:  # engine down or refusing: retried by the next tick
-        log.warning("publishing %s failed: %s", name, e)
-        if run_id:
-            runs.finish(factory, run_id, "trained-not-published", f"publish failed: {e}")
-        return False
-    log.info("project %s: %s is serving (was %s)", project_id, name, previous)
-    if previous and previous != name:
-        publish.unload_everywhere(urls, previous)
-    return True
-
-
-def retry_publish(
-    settings: Settings | None = None, factory: sessionmaker[Session] | None = None
-) -> list[str]:
-    """Publish candidates whose run trained but could not publish (newest per project)."""
-    settings = settings or get_settings()
-    factory = factory or db_factory(settings)
-    with factory() as db:
-        rows = db.execute(
-            select(PolicyVersionRow.id, PolicyVersionRow.project_id, PolicyVersionRow.version)
-            .join(TrainingRunRow, TrainingRunRow.id == PolicyVersionRow.created_by_run_id)
-            .where(
-                PolicyVersionRow.status == "candidate",
-                TrainingRunRow.status == "trained-not-published",
-            )
-            .order_by(PolicyVersionRow.version.desc())
-        ).all()
-        serving = {
-            pid: v
-            for pid, v in db.execute(
-                select(PolicyVersionRow.project_id, func.max(PolicyVersionRow.version))
-                .where(PolicyVersionRow.status == "serving")
-                .group_by(PolicyVersionRow.project_id)
-            ).all()
-        }
-    done, seen = [], set()
-    for vid, pid, version in rows:
-        if pid in seen or version <= serving.get(pid, 0):
-            continue
-        seen.add(pid)
-        if publish_version(factory, settings, vid):
-            done.append(vid)
-    return done
-
-
-def serve_version(
-    project_id: str,
-    target: str | int,
-    *,
-    actor: str = "cli",
-    action: str = "adapter.rollback",
-    settings: Settings | None = None,
-    factory: sessionmaker[Session] | None = None,
-) -> dict[str, Any]:
-    """Re-serve an earlier (or any) version: load it if needed, switch the pointer,
-    unload the one it replaces. ``target`` is a name or a version number."""
-    settings = settings or get_settings()
-    factory = factory or db_factory(settings)
-    with factory() as db:
-        q = select(PolicyVersionRow).where(PolicyVersionRow.project_id == project_id)
-        if isinstance(target, int) or str(target).isdigit():
-            q = q.where(PolicyVersionRow.version == int(target))
-        else:
-            q = q.where(PolicyVersionRow.name == str(target))
-        pv = db.scalars(q).first()
-        if pv is None:
-            raise LookupError(f"no version {target!r} in project {project_id!r}")
-        vid, name, path, status = pv.id, pv.name, pv.path, pv.status
-    if status == "serving":
-        return {"name": name, "previous": None, "changed": False}
-    publish.load_everywhere(settings.engine_url_list, name, path)
-    previous = publish.switch_serving(factory, project_id, vid, actor=actor, action=action)
-    if previous and previous != name:
-        publish.unload_everywhere(settings.engine_url_list, previous)
-    return {"name": name, "previous": previous, "changed": True}
-
-
-def list_versions(
-    project_id: str | None = None, factory: sessionmaker[Session] | None = None
-) -> list[dict[str, Any]]:
-    factory = factory or db_factory()
-    with factory() as db:
-        q = select(PolicyVersionRow).order_by(PolicyVersionRow.project_id, PolicyVersionRow.version)
-        if project_id:
-            q = q.where(PolicyVersionRow.project_id == project_id)
-        return [
-            {
-                "project": r.project_id,
-                "name": r.name,
-                "version": r.version,
-                "status": r.status,
-                "parent": r.parent_name,
-                "run": r.created_by_run_id,
-                "created_at": r.created_at.isoformat() if r.created_at else None,
-                "promoted_at": r.promoted_at.isoformat() if r.promoted_at else None,
-                "path": r.path,
-                "eval_metrics": r.eval_metrics,
-            }
-            for r in db.scalars(q)
-        ]
-
-
-# ---- triggers ------------------------------------------------------------------------
-
-
-def due_trigger(db: Session, project: ProjectRow, cfg: TrainConfig) -> str | None:
-    """'threshold' if >= threshold fresh samples wait, 'schedule' if the schedule is due
-    and >= min_samples wait, else None."""
-    if project.training_paused:
-        return None
-    n = count_trainable(db, project.id, cfg.max_staleness)
-    if n >= max(cfg.threshold, 1):
-        return "threshold"
-    if n < max(cfg.min_samples, 1):
-        return None
-    last = db.scalar(
-        select(func.max(TrainingRunRow.created_at)).where(
-            TrainingRunRow.project_id == project.id,
-            TrainingRunRow.status.in_(("running", "published", "trained-not-published")),
-        )
-    )
-    if last is None:
-        return "schedule"
-    now = utcnow()
-    if last.tzinfo is None:
-        last = last.replace(tzinfo=now.tzinfo)
-    return "schedule" if now - last >= timedelta(minutes=cfg.schedule_minutes) else None
-
-
-def due_projects(factory: sessionmaker[Session]) -> list[tuple[str, str]]:
-    out = []
-    with factory() as db:
-        for project in db.scalars(select(ProjectRow)):
-            try:
-                cfg = TrainConfig.from_project_settings(project.settings)
-            except ValueError as e:
-                log.warning("project %s: %s", project.id, e)
-                continue
-            trigger = due_trigger(db, project, cfg)
-            if trigger:
-                out.append((project.id, trigger))
+def run_metrics(steps: list[dict[str, Any]], zero_variance_share: float) -> dict[str, Any]:
+    """One run's summary: means over its steps, and whether the trust region stopped it."""
+    out: dict[str, Any] = {"zero_variance_share": zero_variance_share, "steps": len(steps)}
+    for key in (
+        "entropy",
+        "kl",
+        "kl_prox",
+        "masked_frac",
+        "masked_stale_frac",
+        "masked_mismatch_frac",
+        "clip_frac",
+    ):
+        values = [float(s[key]) for s in steps if isinstance(s.get(key), int | float)]
+        out[key] = statistics.fmean(values) if values else None
+    out["stopped_early"] = any(s.get("stopped_early") for s in steps)
     return out

@@ -4,7 +4,8 @@
   ``run_id`` is not redone; a second run of a busy project is skipped).
 - ``rlgate.tick()``: the beat job (every ``RLGATE_TRAIN_TICK_S`` seconds, default 60):
   re-publish runs left ``trained-not-published``, reload serving adapters an engine lost,
-  and start runs that are due (threshold reached, or the schedule with >= min_samples).
+  run the guards (trainer/guards.py: roll back a serving version that got worse), and
+  start runs that are due (threshold reached, or the schedule with >= min_samples).
 - ``rlgate.retry_publish()``: only the re-publish part.
 """
 
@@ -64,10 +65,22 @@ def tick() -> dict[str, Any]:
     factory = runner.db_factory(settings)
     published = runner.retry_publish(settings, factory)
     reloaded = ensure_serving_loaded(factory, settings.engine_url_list)
+    rolled_back = runner.guard_all(factory, settings)
     started = []
     for project_id, trigger in runner.due_projects(factory):
         train_project.delay(project_id, trigger)
         started.append(f"{project_id}:{trigger}")
-    if published or reloaded or started:
-        log.info("tick: published=%s reloaded=%s started=%s", published, reloaded, started)
-    return {"published": published, "reloaded": reloaded, "started": started}
+    if published or reloaded or started or rolled_back:
+        log.info(
+            "tick: published=%s reloaded=%s rolled_back=%s started=%s",
+            published,
+            reloaded,
+            rolled_back,
+            started,
+        )
+    return {
+        "published": published,
+        "reloaded": reloaded,
+        "rolled_back": rolled_back,
+        "started": started,
+    }

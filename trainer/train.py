@@ -20,6 +20,17 @@ from trainer.loss import ppo_loss
 from trainer.policy import Policy, make_micro_batches
 
 log = logging.getLogger("rlgate.trainer")
+MEAN_KEYS = (
+    "clip_frac",
+    "ratio_mean",
+    "iw_mean",
+    "masked_frac",
+    "masked_stale_frac",
+    "masked_mismatch_frac",
+    "kl",
+    "kl_prox",
+    "entropy",
+)
 
 
 def _stats(values: list[float], prefix: str) -> dict[str, float]:
@@ -44,8 +55,15 @@ def train(
     cfg: TrainConfig,
     on_step: Callable[[dict[str, Any]], None] | None = None,
     progress: bool = True,
+    policy_version: int = 0,
 ) -> list[dict[str, Any]]:
-    """Run ``epochs * num_minibatches`` optimizer steps; returns per-step metrics.
+    """Run up to ``epochs * num_minibatches`` optimizer steps; returns per-step metrics.
+
+    Trust region: before each step the minibatch's ``kl_prox`` (how far the adapter has
+    moved from the proximal one, measured on that minibatch) is compared with
+    ``cfg.kl_prox_target``; above it, the step is not taken and the run stops (the last
+    recorded step says ``stopped_early``). ``policy_version``: the version the adapter was
+    warm-started from; samples of older versions count as stale in the masked fractions.
 
     Proximal logprobs are those of the adapter before the first step. The first minibatch
     is forwarded by exactly that adapter, so its proximal logprobs are taken from its own
@@ -87,7 +105,7 @@ def train(
             agg: dict[str, float] = {}
             seen_tokens = 0
             for mb in micro:
-                logps = policy.batch_logprobs(mb)
+                logps, ents = policy.batch_logprobs_entropy(mb, bool(cfg.entropy_coef))
                 ss = mb.samples
                 if epoch == 0 and mb_index == 0 and reuse_first:
                     for s, lp in zip(ss, logps, strict=True):
@@ -101,6 +119,8 @@ def train(
                     mask.to(dev),
                     loss_cfg,
                     ref_logp=_pad([ref[s.interaction_id] for s in ss]).to(dev) if ref else None,
+                    entropy=_pad(ents).to(dev) if ents is not None else None,
+                    stale=torch.tensor([s.version < policy_version for s in ss]),
                     num_tokens=num_tokens,
                     num_seqs=num_seqs,
                 )
@@ -113,8 +133,21 @@ def train(
                     elif k != "tokens":
                         agg[k] = agg.get(k, 0.0) + v * m["tokens"]
                 seen_tokens += mb.tokens
-            for k in ("clip_frac", "ratio_mean", "iw_mean", "masked_frac", "kl"):
+            for k in MEAN_KEYS:
                 agg[k] = agg.get(k, 0.0) / max(num_tokens, 1.0)
+            target = cfg.kl_prox_target
+            if target is not None and steps and agg["kl_prox"] > target:
+                opt.zero_grad(set_to_none=True)
+                steps[-1]["stopped_early"] = True
+                steps[-1]["stop_kl_prox"] = agg["kl_prox"]
+                log.info(
+                    "trust region: kl_prox %.4f > %.4f before step %d/%d: run stops here",
+                    agg["kl_prox"],
+                    target,
+                    len(steps) + 1,
+                    total,
+                )
+                break
             grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.params, cfg.max_grad_norm))
             if cfg.step_delay_s:
                 time.sleep(cfg.step_delay_s)
@@ -126,6 +159,8 @@ def train(
                 "loss": loss_total,
                 **_stats([s.reward for s in batch], "reward"),
                 **_stats([s.advantage for s in batch], "adv"),
+                "sampled_neg_logprob": -sum(x for s in batch for x in s.behav_logprobs)
+                / max(num_tokens, 1.0),
                 **agg,
                 "grad_norm": grad_norm,
                 "num_seqs": int(num_seqs),
@@ -138,8 +173,9 @@ def train(
             }
             steps.append(metrics)
             log.info(
-                "step %d/%d loss=%.4f reward=%.3f clip=%.3f iw=%.3f masked=%.3f kl=%.4f "
-                "gnorm=%.3f tok/s=%.0f",
+                "step %d/%d loss=%.4f reward=%.3f clip=%.3f iw=%.3f masked=%.3f "
+                "(stale %.3f, mismatch %.3f) kl=%.4f kl_prox=%.4f entropy=%.3f gnorm=%.3f "
+                "tok/s=%.0f",
                 metrics["step"],
                 total,
                 metrics["loss"],
@@ -147,7 +183,11 @@ def train(
                 agg["clip_frac"],
                 agg["iw_mean"],
                 agg["masked_frac"],
+                agg["masked_stale_frac"],
+                agg["masked_mismatch_frac"],
                 agg["kl"],
+                agg["kl_prox"],
+                agg["entropy"],
                 grad_norm,
                 metrics["tokens_per_s"],
             )
@@ -155,5 +195,8 @@ def train(
             bar.set_postfix(loss=f"{loss_total:.4f}")
             if on_step is not None:
                 on_step(metrics)
+        else:
+            continue
+        break  # the trust region stopped the run
     bar.close()
     return steps

@@ -74,16 +74,17 @@ def test_a_one_step_run_forwards_each_sample_once(monkeypatch) -> None:
         cfg = TrainConfig(  # no band: the made-up behaviour logprobs would mask every token
             lora_rank=4, num_minibatches=n_mb, lr=1e-3, micro_batch_tokens=10**6,
             band_low=None, band_high=None, behav_weight_cap=None,
+            kl_coef=0.0, kl_prox_target=None,  # no base-model pass, no early stop
         )
         policy = Policy.load(model_dir, cfg)
         rows: list[int] = []
-        real = policy.batch_logprobs
+        real = policy.batch_logprobs_entropy
 
-        def counting(batch, real=real, rows=rows):  # type: ignore[no-untyped-def]
+        def counting(batch, entropy_grad, real=real, rows=rows):  # type: ignore[no-untyped-def]
             rows.append(len(batch.samples))
-            return real(batch)
+            return real(batch, entropy_grad)
 
-        monkeypatch.setattr(policy, "batch_logprobs", counting)
+        monkeypatch.setattr(policy, "batch_logprobs_entropy", counting)
         steps = train(policy, policy.make_optimizer(cfg, None), samples, cfg, progress=False)
         assert sum(rows) == expected_rows
         assert len(steps) == n_mb

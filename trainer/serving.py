@@ -1,0 +1,235 @@
+"""Versions in service: publish a trained candidate, retry, re-serve (rollback/promote),
+list. ``publish_version`` rejects a candidate whose parent was rolled back meanwhile (it
+was trained from a version a guard or an operator took out of service)."""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from gateway.db import make_engine, session_factory, transaction
+from gateway.keys import audit
+from gateway.settings import Settings, get_settings
+from schemas.tables import PolicyVersionRow, ProjectRow, TrainingRunRow
+from trainer import publish, runs
+from trainer.config import TrainConfig
+
+log = logging.getLogger("rlgate.trainer")
+
+
+@lru_cache(maxsize=8)
+def _factory_for(url: str) -> sessionmaker[Session]:
+    return session_factory(make_engine(url))
+
+
+def db_factory(settings: Settings | None = None) -> sessionmaker[Session]:
+    return _factory_for((settings or get_settings()).effective_database_url)
+
+
+def project_config(db: Session, project_id: str) -> tuple[ProjectRow, TrainConfig]:
+    project = db.get(ProjectRow, project_id)
+    if project is None:
+        raise LookupError(f"no project {project_id!r}")
+    return project, TrainConfig.from_project_settings(project.settings)
+
+
+def serving_row(db: Session, project_id: str) -> PolicyVersionRow | None:
+    return db.scalars(
+        select(PolicyVersionRow)
+        .where(PolicyVersionRow.project_id == project_id, PolicyVersionRow.status == "serving")
+        .order_by(PolicyVersionRow.version.desc())
+    ).first()
+
+
+def publish_version(
+    factory: sessionmaker[Session], settings: Settings, version_id: str, actor: str = "system"
+) -> bool:
+    """Load a candidate everywhere, gate it, make it serving, unload the old one."""
+    urls = settings.engine_url_list
+    with factory() as db:
+        pv = db.get(PolicyVersionRow, version_id)
+        if pv is None or pv.status != "candidate":
+            return False
+        # the gate's settings only, validated by the gate itself: settings broken since the
+        # run trained make it fail closed (rejected with the reason) instead of raising here
+        project = db.get(ProjectRow, pv.project_id)
+        project_settings = dict(project.settings or {}) if project is not None else {}
+        training = project_settings.get("training")
+        gate = training.get("eval_gate") if isinstance(training, dict) else None
+        serving = serving_row(db, pv.project_id)
+        serving_name = serving.name if serving else None
+        project_id, name, path, run_id = pv.project_id, pv.name, pv.path, pv.created_by_run_id
+        parent = db.scalars(
+            select(PolicyVersionRow).where(
+                PolicyVersionRow.project_id == project_id,
+                PolicyVersionRow.name == pv.parent_name,
+            )
+        ).first()
+        rolled_back = parent is not None and parent.version > (serving.version if serving else 0)
+    if rolled_back:  # trained from a version that was rolled back meanwhile (a guard)
+        why = {"reason": "parent_rolled_back"}
+        _reject(factory, version_id, project_id, name, run_id, actor, why)
+        return False
+    try:
+        publish.load_everywhere(urls, name, path, settings.engine_headers)
+        ok, metrics = publish.eval_gate(
+            urls[0],
+            name,
+            serving_name,
+            gate or {},
+            settings.engine_headers,
+            project_settings=project_settings,
+        )
+        if metrics:
+            with transaction(factory) as db:
+                db.get(PolicyVersionRow, version_id).eval_metrics = metrics  # type: ignore[union-attr]
+        if not ok:
+            _reject(factory, version_id, project_id, name, run_id, actor, metrics)
+            publish.unload_everywhere(urls, name, settings.engine_headers)
+            return False
+        previous = publish.switch_serving(
+            factory,
+            project_id,
+            version_id,
+            actor=actor,
+            action="adapter.promote",
+            run_id=run_id,
+            require_newer=True,
+        )
+    except Exception as e:  # engine down or refusing: retried by the next tick
+        log.warning("publishing %s failed: %s", name, e)
+        if run_id:
+            runs.finish(factory, run_id, "trained-not-published", f"publish failed: {e}")
+        return False
+    log.info("project %s: %s is serving (was %s)", project_id, name, previous)
+    if previous and previous != name:
+        publish.unload_everywhere(urls, previous, settings.engine_headers)
+    return True
+
+
+def _reject(
+    factory: sessionmaker[Session],
+    version_id: str,
+    project_id: str,
+    name: str,
+    run_id: str | None,
+    actor: str,
+    metrics: dict[str, Any],
+) -> None:
+    with transaction(factory) as db:
+        db.get(PolicyVersionRow, version_id).status = "rejected"  # type: ignore[union-attr]
+        audit(
+            db,
+            actor,
+            "adapter.reject",
+            project_id,
+            "policy_version",
+            version_id,
+            {"name": name, **metrics},
+        )
+    if run_id:
+        why = (
+            "its parent version was rolled back"
+            if metrics.get("reason") == "parent_rolled_back"
+            else f"eval gate: {metrics}"
+        )
+        runs.finish(factory, run_id, "trained-not-published", f"{name} rejected: {why}")
+
+
+def retry_publish(
+    settings: Settings | None = None, factory: sessionmaker[Session] | None = None
+) -> list[str]:
+    """Publish candidates whose run trained but could not publish (newest per project)."""
+    settings = settings or get_settings()
+    factory = factory or db_factory(settings)
+    with factory() as db:
+        rows = db.execute(
+            select(PolicyVersionRow.id, PolicyVersionRow.project_id, PolicyVersionRow.version)
+            .join(TrainingRunRow, TrainingRunRow.id == PolicyVersionRow.created_by_run_id)
+            .where(
+                PolicyVersionRow.status == "candidate",
+                TrainingRunRow.status == "trained-not-published",
+            )
+            .order_by(PolicyVersionRow.version.desc())
+        ).all()
+        serving = {
+            pid: v
+            for pid, v in db.execute(
+                select(PolicyVersionRow.project_id, func.max(PolicyVersionRow.version))
+                .where(PolicyVersionRow.status == "serving")
+                .group_by(PolicyVersionRow.project_id)
+            ).all()
+        }
+    done, seen = [], set()
+    for vid, pid, version in rows:
+        if pid in seen or version <= serving.get(pid, 0):
+            continue
+        seen.add(pid)
+        if publish_version(factory, settings, vid):
+            done.append(vid)
+    return done
+
+
+def serve_version(
+    project_id: str,
+    target: str | int,
+    *,
+    actor: str = "cli",
+    action: str = "adapter.rollback",
+    settings: Settings | None = None,
+    factory: sessionmaker[Session] | None = None,
+    details: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Re-serve an earlier (or any) version: load it if needed, switch the pointer,
+    unload the one it replaces. ``target`` is a name or a version number; ``details``
+    go into the audit event (a guard's reason and figures)."""
+    settings = settings or get_settings()
+    factory = factory or db_factory(settings)
+    with factory() as db:
+        q = select(PolicyVersionRow).where(PolicyVersionRow.project_id == project_id)
+        if isinstance(target, int) or str(target).isdigit():
+            q = q.where(PolicyVersionRow.version == int(target))
+        else:
+            q = q.where(PolicyVersionRow.name == str(target))
+        pv = db.scalars(q).first()
+        if pv is None:
+            raise LookupError(f"no version {target!r} in project {project_id!r}")
+        vid, name, path, status = pv.id, pv.name, pv.path, pv.status
+    if status == "serving":
+        return {"name": name, "previous": None, "changed": False}
+    publish.load_everywhere(settings.engine_url_list, name, path, settings.engine_headers)
+    previous = publish.switch_serving(
+        factory, project_id, vid, actor=actor, action=action, details=details
+    )
+    if previous and previous != name:
+        publish.unload_everywhere(settings.engine_url_list, previous, settings.engine_headers)
+    return {"name": name, "previous": previous, "changed": True}
+
+
+def list_versions(
+    project_id: str | None = None, factory: sessionmaker[Session] | None = None
+) -> list[dict[str, Any]]:
+    factory = factory or db_factory()
+    with factory() as db:
+        q = select(PolicyVersionRow).order_by(PolicyVersionRow.project_id, PolicyVersionRow.version)
+        if project_id:
+            q = q.where(PolicyVersionRow.project_id == project_id)
+        return [
+            {
+                "project": r.project_id,
+                "name": r.name,
+                "version": r.version,
+                "status": r.status,
+                "parent": r.parent_name,
+                "run": r.created_by_run_id,
+                "created_at": r.created_at.isoformat() if r.created_at else None,
+                "promoted_at": r.promoted_at.isoformat() if r.promoted_at else None,
+                "path": r.path,
+                "eval_metrics": r.eval_metrics,
+            }
+            for r in db.scalars(q)
+        ]
