@@ -88,6 +88,20 @@ def _parse_lora_paths(values: tuple[str, ...]) -> dict[str, str]:
     help="Extra KV slots that keep finished sequences, so a later prompt extending one (a "
     "conversation's next turn) copies it instead of prefilling it again.",
 )
+@click.option(
+    "--api-key",
+    default=None,
+    help="Require 'Authorization: Bearer <key>' on every route but /health* (as SGLang's "
+    "--api-key); unauthenticated requests get 401. Default: settings engine_api_key "
+    "(RLGATE_ENGINE_API_KEY); unset leaves the engine open, for loopback use only.",
+)
+@click.option(
+    "--allowed-lora-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Load adapters (/load_lora_adapter, --lora-paths) only from under this directory "
+    "(symlinks resolved). Default: any path the engine can read.",
+)
 @click.option("--log-level", default=None, help="Default: settings log_level.")
 def engine_command(
     host: str,
@@ -105,6 +119,8 @@ def engine_command(
     num_threads: int | None,
     disable_prefix_reuse: bool,
     prefix_cache_slots: int,
+    api_key: str | None,
+    allowed_lora_dir: Path | None,
     log_level: str | None,
 ) -> None:
     """Serve the embedded CPU engine (SGLang native protocol subset)."""
@@ -139,5 +155,7 @@ def engine_command(
             lora_paths=_parse_lora_paths(lora_paths),
             prefix_reuse=not disable_prefix_reuse,
             prefix_cache_slots=prefix_cache_slots,
+            api_key=api_key or settings.engine_api_key_value,
+            allowed_lora_dir=allowed_lora_dir,
         )
     )

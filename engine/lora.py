@@ -8,6 +8,7 @@ costs two thin matmuls per projection and rows without an adapter cost nothing e
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import threading
@@ -17,11 +18,17 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                          "down_proj")
-_KEY = re.compile(
-    r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[\w-]+)?\.weight$"
+DEFAULT_TARGET_MODULES = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
 )
+log = logging.getLogger("rlgate.engine")
+_KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[\w-]+)?\.weight$")
 
 
 class AdapterError(Exception):
@@ -143,8 +150,22 @@ def read_peft_adapter(
         out[(layer, module)] = (a.to(dtype).contiguous(), b.to(dtype).contiguous())
     if not out:
         raise AdapterError(f"{path}: the adapter holds no LoRA weights")
-    return LoraAdapter(name=name, path=str(path), rank=rank, scaling=scaling,
-                       target_modules=modules, weights=out)
+    return LoraAdapter(
+        name=name, path=str(path), rank=rank, scaling=scaling, target_modules=modules, weights=out
+    )
+
+
+def check_adapter_dir(path: str, allowed: Path | None) -> None:
+    """Refuse an adapter path outside ``allowed`` (``--allowed-lora-dir``), after resolving
+    symlinks and ``..``; ``allowed`` None accepts any path the engine can read."""
+    if allowed is None:
+        return
+    root = allowed.resolve()
+    if not Path(path).resolve().is_relative_to(root):
+        raise AdapterError(
+            f"{path} is outside the engine's adapter directory {root} (--allowed-lora-dir); "
+            "publish adapters under it"
+        )
 
 
 def _read_weights(root: Path) -> dict[str, torch.Tensor]:
@@ -176,6 +197,11 @@ class AdapterRegistry:
         with self._cond:
             return {a.name: a.path for a in self._adapters.values() if not a.unloading}
 
+    def use_counts(self) -> dict[str, int]:
+        """Requests currently holding each loaded adapter (0 when idle)."""
+        with self._cond:
+            return {a.name: a.refcount for a in self._adapters.values()}
+
     def reserve_check(self, name: str) -> None:
         """Fail early (before reading files) if ``name`` could not be added."""
         with self._cond:
@@ -206,6 +232,9 @@ class AdapterRegistry:
 
     def release(self, adapter: LoraAdapter) -> None:
         with self._cond:
+            if adapter.refcount <= 0:  # a double release must not let unload drop it in use
+                log.error("adapter %r released more often than acquired", adapter.name)
+                return
             adapter.refcount -= 1
             self._cond.notify_all()
 

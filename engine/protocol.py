@@ -13,6 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from engine.sampling import SamplingParams
 
 MAX_N = 64
+# Seeds are 64-bit signed integers, as SGLang's int64 sampling tensors and torch's
+# Generator.manual_seed take them; anything larger is refused before an adapter is acquired.
+SEED_MIN = -(2**63)
+SEED_MAX = 2**63 - 1
 
 
 class ProtocolError(ValueError):
@@ -56,6 +60,13 @@ class SamplingParamsIn(BaseModel):
     def _top_k(cls, v: int) -> int:
         if v != -1 and v < 1:
             raise ValueError("top_k must be -1 (off) or >= 1")
+        return v
+
+    @field_validator("seed", "sampling_seed")
+    @classmethod
+    def _seed(cls, v: int | None) -> int | None:
+        if v is not None and not SEED_MIN <= v <= SEED_MAX:
+            raise ValueError(f"must be a 64-bit signed integer, in [{SEED_MIN}, {SEED_MAX}]")
         return v
 
     @model_validator(mode="after")

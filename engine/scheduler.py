@@ -58,6 +58,14 @@ class Request:
     cached_tokens: int = 0  # prompt positions copied from another slot, not recomputed
     generator: torch.Generator = field(default_factory=torch.Generator)
 
+    def __post_init__(self) -> None:
+        # Seeded here, while the request is built (before it holds an adapter), so a seed
+        # torch cannot take fails the request instead of leaking an adapter use.
+        if self.params.seed is not None:
+            self.generator.manual_seed(self.params.seed)
+        else:
+            self.generator.seed()
+
 
 class Scheduler:
     def __init__(
@@ -103,10 +111,7 @@ class Scheduler:
         self._thread.join(timeout=10)
 
     def submit(self, req: Request) -> None:
-        if req.params.seed is not None:
-            req.generator.manual_seed(req.params.seed)
-        else:
-            req.generator.seed()
+        """Queue ``req``; from here on the scheduler releases its adapter when it ends."""
         self._inbox.put(("submit", req))
 
     def abort(self, rid: str) -> None:
@@ -171,12 +176,19 @@ class Scheduler:
             if req.params.max_new_tokens == 0:
                 self._finish(req, {"type": "length", "length": 0, "matched": None})
                 continue
-            shared, donor = self.prefix.best_donor(req, self._running) if self.prefix else (0, None)
-            if self.prefix and batch:
-                in_batch, _ = longest_prefix(req, [r for r, _, _ in batch])
-                if in_batch > shared:
-                    later.append(req)
-                    continue
+            try:
+                shared, donor = (
+                    self.prefix.best_donor(req, self._running) if self.prefix else (0, None)
+                )
+                if self.prefix and batch:
+                    in_batch, _ = longest_prefix(req, [r for r, _, _ in batch])
+                    if in_batch > shared:
+                        later.append(req)
+                        continue
+            except Exception:  # the request is in no queue now: end it, releasing its adapter
+                log.error("admitting %s failed:\n%s", req.rid, traceback.format_exc())
+                self._finish(req, _abort("internal engine error during admission"))
+                continue
             batch.append((req, shared, donor))
         self._waiting.extendleft(reversed(later))
         if not batch:
@@ -255,23 +267,27 @@ class Scheduler:
         return None
 
     def _finish(self, req: Request, reason: dict[str, Any]) -> None:
+        """End ``req``: free its slot, release its adapter use, send its final output.
+        The adapter is released and the output sent even if freeing the slot fails."""
         req.finish_reason = reason
-        if req in self._waiting:
-            self._waiting.remove(req)
-        if self.prefix and reason["type"] in ("stop", "length") and req.slot >= 0:
-            self.prefix.retire(req)
-        if req.slot >= 0 and req in self._running:
-            i = req.slot
-            last = self._running.pop()
-            if last is not req:
-                self.cache.move(last.slot, i, len(last.input_ids) + len(last.output_ids))
-                last.slot = i
-                self._running[i] = last
-        req.slot = -1
-        if req.adapter is not None:
-            self.registry.release(req.adapter)
-            req.adapter = None
-        self._emit(req, final=True)
+        try:
+            if req in self._waiting:
+                self._waiting.remove(req)
+            if self.prefix and reason["type"] in ("stop", "length") and req.slot >= 0:
+                self.prefix.retire(req)
+            if req.slot >= 0 and req in self._running:
+                i = req.slot
+                last = self._running.pop()
+                if last is not req:
+                    self.cache.move(last.slot, i, len(last.input_ids) + len(last.output_ids))
+                    last.slot = i
+                    self._running[i] = last
+        finally:
+            req.slot = -1
+            if req.adapter is not None:
+                self.registry.release(req.adapter)
+                req.adapter = None
+            self._emit(req, final=True)
 
     def _emit(self, req: Request, final: bool) -> None:
         try:

@@ -26,8 +26,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from engine import scheduler as sched
+from engine.auth import ApiKeyMiddleware
 from engine.llama import LlamaModel
-from engine.lora import DEFAULT_TARGET_MODULES, AdapterError, AdapterRegistry, read_peft_adapter
+from engine.lora import (
+    DEFAULT_TARGET_MODULES,
+    AdapterError,
+    AdapterRegistry,
+    check_adapter_dir,
+    read_peft_adapter,
+)
 from engine.model_files import resolve_model_dir
 from engine.protocol import (
     AbortReq,
@@ -63,6 +70,8 @@ class EngineConfig:
     lora_paths: dict[str, str] = field(default_factory=dict)
     prefix_reuse: bool = True
     prefix_cache_slots: int = 4
+    api_key: str | None = None  # --api-key: required as "Authorization: Bearer <key>"
+    allowed_lora_dir: Path | None = None  # --allowed-lora-dir: adapters only from under it
 
 
 class Engine:
@@ -109,6 +118,7 @@ class Engine:
         self.created = int(time.time())
 
     def load_adapter(self, name: str, path: str, pinned: bool) -> None:
+        check_adapter_dir(path, self.config.allowed_lora_dir)
         self.registry.reserve_check(name)
         cfg = self.model.cfg
         adapter = read_peft_adapter(
@@ -128,7 +138,8 @@ class Engine:
     def build_requests(
         self, items: list[GenerateItem], stream: bool, text_in_logprobs: bool
     ) -> list[sched.Request]:
-        """Validate every item, then acquire adapters; raises ProtocolError/AdapterError."""
+        """Validate every item, then build the requests and acquire their adapters; raises
+        ProtocolError/AdapterError. On any error, adapters acquired so far are released."""
         vocab = self.model.cfg.vocab_size
         specs: list[tuple[GenerateItem, list[int], Any]] = []
         for item in items:
@@ -155,27 +166,31 @@ class Engine:
             for item, ids, params in specs:
                 base_rid = item.rid or uuid.uuid4().hex
                 for j in range(item.params.n):
-                    adapter = self.registry.acquire(item.lora_name) if item.lora_name else None
                     rid = f"{base_rid}-{j}" if item.params.n > 1 else base_rid
-                    requests.append(
-                        sched.Request(
-                            rid=rid,
-                            input_ids=list(ids),
-                            params=params,
-                            sink=_no_sink,
-                            adapter=adapter,
-                            return_logprob=item.return_logprob,
-                            top_logprobs_num=item.top_logprobs_num if item.return_logprob else 0,
-                            return_text_in_logprobs=text_in_logprobs,
-                            stream=stream,
-                        )
+                    req = sched.Request(
+                        rid=rid,
+                        input_ids=list(ids),
+                        params=params,
+                        sink=_no_sink,
+                        return_logprob=item.return_logprob,
+                        top_logprobs_num=item.top_logprobs_num if item.return_logprob else 0,
+                        return_text_in_logprobs=text_in_logprobs,
+                        stream=stream,
                     )
-        except AdapterError:
-            for req in requests:
-                if req.adapter is not None:
-                    self.registry.release(req.adapter)
+                    requests.append(req)  # before acquiring, so an error releases it
+                    if item.lora_name:
+                        req.adapter = self.registry.acquire(item.lora_name)
+        except BaseException:
+            self.release(requests)
             raise
         return requests
+
+    def release(self, requests: list[sched.Request]) -> None:
+        """Release the adapters of requests that never reached the scheduler."""
+        for req in requests:
+            if req.adapter is not None:
+                self.registry.release(req.adapter)
+                req.adapter = None
 
 
 def _no_sink(payload: dict[str, Any], final: bool) -> None:  # replaced before submit
@@ -196,6 +211,8 @@ def _validation_message(exc: ValidationError) -> str:
 
 def create_app(engine: Engine) -> FastAPI:
     app = FastAPI(title="rlgate embedded engine")
+    if engine.config.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=engine.config.api_key)
     scheduler = engine.scheduler
 
     @app.get("/health")
@@ -256,6 +273,7 @@ def create_app(engine: Engine) -> FastAPI:
             "prefix_reused_tokens": scheduler.prefix.reused_tokens if scheduler.prefix else 0,
             "prefix_cache_slots": scheduler.prefix.spare_slots if scheduler.prefix else 0,
             "prefix_cached_sequences": len(scheduler.prefix.retired) if scheduler.prefix else 0,
+            "lora_use_counts": engine.registry.use_counts(),
             **scheduler.load,
         }
 
@@ -361,10 +379,18 @@ def create_app(engine: Engine) -> FastAPI:
 
         loop = asyncio.get_running_loop()
         outbox: asyncio.Queue[tuple[int, dict[str, Any], bool]] = asyncio.Queue()
-        for index, req in enumerate(reqs):
-            req.sink = _make_sink(loop, outbox, index)
-        for req in reqs:
-            scheduler.submit(req)
+        submitted = 0
+        try:
+            for index, req in enumerate(reqs):
+                req.sink = _make_sink(loop, outbox, index)
+            for req in reqs:
+                scheduler.submit(req)
+                submitted += 1
+        except BaseException:  # the scheduler owns (and releases) only what it was given
+            engine.release(reqs[submitted:])
+            for req in reqs[:submitted]:
+                scheduler.abort(req.rid)
+            raise
         many = not single or len(reqs) > 1
 
         if body.stream:

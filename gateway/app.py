@@ -85,7 +85,10 @@ def build_gateway(settings: Settings) -> Gateway:
     renderer = ChatRenderer(tokenizer, ctx)
     metrics = Metrics()
     engines = EngineClient(
-        settings.engine_url_list, settings.max_in_flight_per_engine, settings.engine_timeout_s
+        settings.engine_url_list,
+        settings.max_in_flight_per_engine,
+        settings.engine_timeout_s,
+        api_key=settings.engine_api_key_value,
     )
     sessions = SessionStore(factory, settings.session_idle_timeout_s)
     recorder = Recorder(

@@ -4,7 +4,9 @@ Works the same against SGLang on GPUs and the embedded CPU engine. Routing is
 session-affine (rendezvous hashing on the session id, so one session keeps hitting one
 engine's prefix cache) with failover to the next engine when one cannot be reached.
 Each engine has a bound on in-flight requests; when every engine is full the caller gets
-429 with ``Retry-After``.
+429 with ``Retry-After``. With an engine key (RLGATE_ENGINE_API_KEY, the engines'
+``--api-key``) every request carries ``Authorization: Bearer <key>``; an engine that
+still answers 401/403 is a configuration error and the client gets 503 saying so.
 
 aiohttp rather than httpx: per non-streaming call against bench/stub_upstream.py, httpx's
 async client took 0.45-0.7 ms of client CPU, aiohttp 0.11 ms.
@@ -90,6 +92,12 @@ class EngineSlot:
 
 
 def _engine_error(resp_status: int, body: bytes) -> APIError:
+    if resp_status in (401, 403):  # not the client's fault: the gateway's engine key is wrong
+        return APIError(
+            503,
+            f"the engine refused the gateway's credentials (HTTP {resp_status}); set "
+            "RLGATE_ENGINE_API_KEY to the engine's --api-key",
+        )
     try:
         data = json.loads(body)
         message = (
@@ -104,9 +112,17 @@ def _engine_error(resp_status: int, body: bytes) -> APIError:
 
 
 class EngineClient:
-    def __init__(self, urls: list[str], max_in_flight: int = 64, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        urls: list[str],
+        max_in_flight: int = 64,
+        timeout_s: float = 600.0,
+        api_key: str | None = None,
+    ) -> None:
         if not urls:
             raise ValueError("no engine URLs configured (RLGATE_ENGINE_URLS)")
+        auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._headers = {**_JSON, **auth}
         self.slots = [EngineSlot(u.rstrip("/"), max_in_flight) for u in urls]
         self._limit = max_in_flight * len(urls) + 16
         self._timeout = _timeout(timeout_s, connect=5.0)
@@ -172,7 +188,10 @@ class EngineClient:
             async with self._slot(slot):
                 try:
                     async with self.http.post(
-                        f"{slot.url}/generate", data=body, headers=_JSON, **self._kw(slot.url)
+                        f"{slot.url}/generate",
+                        data=body,
+                        headers=self._headers,
+                        **self._kw(slot.url),
                     ) as resp:
                         status, content = resp.status, await resp.read()
                 except _UNREACHABLE as e:
@@ -201,7 +220,10 @@ class EngineClient:
             async with self._slot(slot):
                 try:
                     resp = await self.http.post(
-                        f"{slot.url}/generate", data=body, headers=_JSON, **self._kw(slot.url)
+                        f"{slot.url}/generate",
+                        data=body,
+                        headers=self._headers,
+                        **self._kw(slot.url),
                     )
                 except _UNREACHABLE as e:
                     last = e
@@ -243,7 +265,7 @@ class EngineClient:
             async with self.http.post(
                 f"{url}/abort_request",
                 data=_encode({"rid": rid}),
-                headers=_JSON,
+                headers=self._headers,
                 timeout=_timeout(5.0),
                 **self._kw(url),
             ) as r:
@@ -254,7 +276,10 @@ class EngineClient:
         for slot in self.slots:
             try:
                 async with self.http.get(
-                    f"{slot.url}/health", timeout=_timeout(2.0), **self._kw(slot.url)
+                    f"{slot.url}/health",
+                    headers=self._headers,
+                    timeout=_timeout(2.0),
+                    **self._kw(slot.url),
                 ) as r:
                     await r.read()
                     out[slot.url] = r.status == 200
@@ -266,7 +291,10 @@ class EngineClient:
         for slot in self.slots:
             try:
                 async with self.http.get(
-                    f"{slot.url}/get_server_info", timeout=_timeout(5.0), **self._kw(slot.url)
+                    f"{slot.url}/get_server_info",
+                    headers=self._headers,
+                    timeout=_timeout(5.0),
+                    **self._kw(slot.url),
                 ) as r:
                     content = await r.read()
                     if r.status == 200:

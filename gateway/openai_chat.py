@@ -25,6 +25,10 @@ from gateway.service import Pipeline, Prepared, StreamEvent, replay
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_N = 8
+# The engines' seed range (64-bit signed, SGLang's and the embedded engine's); choice i of
+# n is sampled with seed + i, so that must fit too.
+SEED_MIN = -(2**63)
+SEED_MAX = 2**63 - 1
 
 
 class _Loose(BaseModel):
@@ -221,6 +225,12 @@ def to_internal(body: Any, session_header: str | None) -> GenerationRequest:
         raise bad_request("tool_choice 'required' needs tools", "tool_choice")
     if req.top_logprobs and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs: true", "top_logprobs")
+    if req.seed is not None and not SEED_MIN <= req.seed <= SEED_MAX - (req.n - 1):
+        raise bad_request(
+            f"invalid value for 'seed': must be an integer in [{SEED_MIN}, "
+            f"{SEED_MAX - (req.n - 1)}] (a 64-bit signed integer; choice i uses seed + i)",
+            "seed",
+        )
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > 4:
         raise bad_request("stop may hold at most 4 sequences", "stop")

@@ -56,6 +56,12 @@ class Settings(BaseSettings):
     admin_key: SecretStr | None = Field(
         None, description="Bootstrap admin key, accepted as an admin credential."
     )
+    engine_api_key: SecretStr | None = Field(
+        None,
+        description="The engines' --api-key: the gateway and the trainer send it as "
+        "'Authorization: Bearer <key>'; `rlgate engine` requires it when set. `rlgate up` "
+        "and `rlgate demo` generate a fresh one per start.",
+    )
     gateway_host: str = Field("127.0.0.1", description="Gateway bind address.")
     gateway_port: int = Field(8000, description="Gateway port.")
     engine_port: int = Field(30000, description="Embedded engine port.")
@@ -130,6 +136,16 @@ class Settings(BaseSettings):
     @property
     def engine_url_list(self) -> list[str]:
         return [u.strip().rstrip("/") for u in self.engine_urls.split(",") if u.strip()]
+
+    @property
+    def engine_api_key_value(self) -> str | None:
+        return (self.engine_api_key.get_secret_value() or None) if self.engine_api_key else None
+
+    @property
+    def engine_headers(self) -> dict[str, str]:
+        """What the gateway and the trainer send with every engine request."""
+        key = self.engine_api_key_value
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     @property
     def effective_broker_url(self) -> str:

@@ -4,12 +4,18 @@ Migrates the SQLite database, starts the embedded engine with the packaged model
 gateway and a Celery worker with its schedule on the
 embedded broker; prints the base URL, fresh keys and copy-paste snippets. Ctrl-C stops
 everything. Each process logs to ``<data dir>/logs/``.
+
+The engine is protected even on loopback: each start generates a random engine key
+(unless RLGATE_ENGINE_API_KEY is set) and hands it to the engine (``--api-key``), the
+gateway and the worker through their environment, and the engine loads adapters only
+from ``<data dir>/adapters`` (``--allowed-lora-dir``), where the trainer writes them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -178,11 +184,15 @@ def launch(
         "RLGATE_ENGINE_URLS": engine_url,
         "RLGATE_GATEWAY_PORT": str(port),
         "RLGATE_ENGINE_PORT": str(engine_port),
+        # the engine's --api-key, read by the engine, the gateway and the worker alike
+        "RLGATE_ENGINE_API_KEY": settings.engine_api_key_value or secrets.token_urlsafe(32),
         **(extra_env or {}),
     }
     engine_threads, trainer_threads = split_cores(os.cpu_count() or 1, trainer)
     if "--num-threads" not in engine_args:
         engine_args = (*engine_args, "--num-threads", str(engine_threads))
+    if "--allowed-lora-dir" not in engine_args:
+        engine_args = (*engine_args, "--allowed-lora-dir", str(data_dir / "adapters"))
     children: list[Child] = []
     try:
         click.echo(

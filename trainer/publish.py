@@ -10,6 +10,9 @@
 - Optional eval gate (``training.eval_gate``): held-out prompts, greedy through the engine
   with the new and the serving adapter, scored by a verifier; promote only if
   ``new >= old - margin``.
+
+Every engine call sends ``headers``; by default the settings' ``engine_headers``
+(``Authorization: Bearer <RLGATE_ENGINE_API_KEY>`` when the engines run with ``--api-key``).
 """
 
 from __future__ import annotations
@@ -36,15 +39,26 @@ class PublishError(Exception):
     """An engine refused or could not be reached; the message says which and why."""
 
 
+def _client(timeout: float, headers: dict[str, str] | None) -> httpx.Client:
+    """An engine client sending ``headers``, or the settings' engine key when None."""
+    if headers is None:
+        from gateway.settings import get_settings  # the trainer's one Settings object
+
+        headers = get_settings().engine_headers
+    return httpx.Client(timeout=timeout, headers=headers)
+
+
 def _engine_adapters(client: httpx.Client, url: str) -> set[str]:
     r = client.get(f"{url}/v1/models")
     r.raise_for_status()
     return {m["id"] for m in r.json().get("data", [])[1:]}
 
 
-def load_everywhere(engine_urls: list[str], name: str, path: str) -> None:
+def load_everywhere(
+    engine_urls: list[str], name: str, path: str, headers: dict[str, str] | None = None
+) -> None:
     errors = []
-    with httpx.Client(timeout=TIMEOUT_S) as client:
+    with _client(TIMEOUT_S, headers) as client:
         for url in engine_urls:
             try:
                 r = client.post(
@@ -63,9 +77,11 @@ def load_everywhere(engine_urls: list[str], name: str, path: str) -> None:
         raise PublishError(f"engine refused adapter {name}: " + "; ".join(errors))
 
 
-def unload_everywhere(engine_urls: list[str], name: str) -> list[str]:
+def unload_everywhere(
+    engine_urls: list[str], name: str, headers: dict[str, str] | None = None
+) -> list[str]:
     errors = []
-    with httpx.Client(timeout=TIMEOUT_S) as client:
+    with _client(TIMEOUT_S, headers) as client:
         for url in engine_urls:
             try:
                 r = client.post(f"{url}/unload_lora_adapter", json={"lora_name": name})
@@ -78,13 +94,15 @@ def unload_everywhere(engine_urls: list[str], name: str) -> list[str]:
     return errors
 
 
-def ensure_serving_loaded(factory: sessionmaker[Session], engine_urls: list[str]) -> list[str]:
+def ensure_serving_loaded(
+    factory: sessionmaker[Session], engine_urls: list[str], headers: dict[str, str] | None = None
+) -> list[str]:
     """Reload serving adapters an engine lost (e.g. after an engine restart)."""
     with factory() as db:
         rows = db.scalars(select(PolicyVersionRow).where(PolicyVersionRow.status == "serving"))
         serving = [(r.name, r.path) for r in rows]
     reloaded = []
-    with httpx.Client(timeout=30) as client:
+    with _client(30, headers) as client:
         for url in engine_urls:
             try:
                 present = _engine_adapters(client, url)
@@ -93,7 +111,7 @@ def ensure_serving_loaded(factory: sessionmaker[Session], engine_urls: list[str]
             for name, path in serving:
                 if name not in present:
                     try:
-                        load_everywhere([url], name, path)
+                        load_everywhere([url], name, path, headers)
                         reloaded.append(f"{url}:{name}")
                     except PublishError as e:
                         log.warning("%s", e)
@@ -178,13 +196,18 @@ def _verifier(spec: str | None) -> Callable[[str, dict[str, Any]], float]:
     return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
 
 
-def eval_score(engine_url: str, adapter: str | None, gate: dict[str, Any]) -> float:
+def eval_score(
+    engine_url: str,
+    adapter: str | None,
+    gate: dict[str, Any],
+    headers: dict[str, str] | None = None,
+) -> float:
     verify = _verifier(gate.get("verifier"))
     items = gate.get("prompts") or []
     if not items:
         return 0.0
     total = 0.0
-    with httpx.Client(timeout=TIMEOUT_S) as client:
+    with _client(TIMEOUT_S, headers) as client:
         for item in items:
             body: dict[str, Any] = {
                 "lora_path": adapter,
@@ -204,13 +227,17 @@ def eval_score(engine_url: str, adapter: str | None, gate: dict[str, Any]) -> fl
 
 
 def eval_gate(
-    engine_url: str, new: str, serving: str | None, gate: dict[str, Any]
+    engine_url: str,
+    new: str,
+    serving: str | None,
+    gate: dict[str, Any],
+    headers: dict[str, str] | None = None,
 ) -> tuple[bool, dict[str, Any]]:
     """(promote?, metrics). Off unless ``gate["enabled"]``."""
     if not gate.get("enabled"):
         return True, {}
-    new_score = eval_score(engine_url, new, gate)
-    old_score = eval_score(engine_url, serving, gate)
+    new_score = eval_score(engine_url, new, gate, headers)
+    old_score = eval_score(engine_url, serving, gate, headers)
     margin = float(gate.get("margin", 0.0))
     ok = new_score >= old_score - margin
     return ok, {"eval_new": new_score, "eval_serving": old_score, "eval_margin": margin}
