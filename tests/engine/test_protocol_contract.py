@@ -4,7 +4,8 @@ Runs against the embedded engine by default. With ``RLGATE_ENGINE_URLS`` set (co
 separated; the first URL is used) it runs against that server instead, e.g. a real
 SGLang server (needs a GPU) started with SmolLM2-135M-Instruct and ``--enable-lora``;
 the LoRA contract then needs ``RLGATE_CONTRACT_ADAPTER_PATH``, a PEFT adapter directory
-for that model as the *server* sees it. See docs/engine.md.
+for that model as the *server* sees it, and a server started with ``--api-key`` needs
+``RLGATE_ENGINE_API_KEY``. See docs/engine.md.
 """
 
 from __future__ import annotations
@@ -22,17 +23,21 @@ pytestmark = pytest.mark.timeout(180)
 # Read at import: tests/conftest.py clears RLGATE_* variables while each test runs.
 EXTERNAL_URLS = os.environ.get("RLGATE_ENGINE_URLS", "").strip()
 EXTERNAL_ADAPTER = os.environ.get("RLGATE_CONTRACT_ADAPTER_PATH", "")
+EXTERNAL_KEY = os.environ.get("RLGATE_ENGINE_API_KEY", "")
 
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 2]  # small ids valid for any vocab
 
 
 @pytest.fixture(scope="module")
 def api(request: pytest.FixtureRequest) -> Iterator[httpx.Client]:
+    headers = {}
     if EXTERNAL_URLS:
         url = EXTERNAL_URLS.split(",")[0].strip().rstrip("/")
+        if EXTERNAL_KEY:
+            headers["Authorization"] = f"Bearer {EXTERNAL_KEY}"
     else:
         url = request.getfixturevalue("engine_url")
-    with httpx.Client(base_url=url, timeout=120) as client:
+    with httpx.Client(base_url=url, timeout=120, headers=headers) as client:
         yield client
 
 
