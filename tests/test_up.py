@@ -75,6 +75,13 @@ def test_up_prints_working_snippets_and_stops_cleanly(tmp_path):
         ov = httpx.get(f"http://127.0.0.1:{port}/admin/api/overview",
                        headers={"Authorization": f"Bearer {admin}"}, timeout=60)
         assert ov.status_code == 200
+
+        # the engine took a fresh key (passed to the gateway and worker only): the chats
+        # above went through it, a caller without the key is refused
+        engine = f"http://127.0.0.1:{engine_port}"
+        assert httpx.get(engine + "/v1/models", timeout=30).status_code == 401
+        assert httpx.post(engine + "/abort_request", json={"abort_all": True}).status_code == 401
+        assert httpx.get(engine + "/health", timeout=30).status_code == 200
     finally:
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)
