@@ -35,3 +35,19 @@ class Metrics:
             "Interactions written to the database by this process",
             registry=r,
         )
+        self.dead_letters = Counter(
+            "rlgate_dead_letters",
+            "Records the database refused for their content, moved to the dead-letter file "
+            "by this process",
+            registry=r,
+        )
+        self.dead_letters_kept = Gauge(
+            "rlgate_dead_letters_kept",
+            "Records in the dead-letter file (all processes, since it was last cleared)",
+            registry=r,
+        )
+        self.recording_backlog = Gauge(
+            "rlgate_recording_backlog_bytes",
+            "Bytes of records accepted but not yet in the database (capped: over it, 503)",
+            registry=r,
+        )

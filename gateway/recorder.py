@@ -14,118 +14,43 @@ the database at start-up and whenever the database is back.
   ids that are already there, so replay is idempotent) and then marks them done; a
   segment whose records are all in the database is deleted.
 - If the database is down the writer keeps the batch and retries with backoff; nothing
-  is dropped. At start-up, segments left by a dead process (not locked) are replayed.
+  is dropped. A batch the database refuses for its content (a value too long for its
+  column, a character it cannot store, a constraint) is split until the refused
+  record(s) are alone; those go to the dead-letter file (gateway.dead_letters) and
+  everything else is written: one bad record never stops recording.
+- Segments left by a dead process (not locked) are replayed at start-up (a failure
+  there is logged, never fatal) and again every ``replay_interval_s`` by a background
+  thread; replay skips ids already written, so it is idempotent.
+- The backlog (records accepted but not yet in the database) is bounded in bytes:
+  ``admit()`` refuses new calls with a 503 while it is over ``backlog_max_bytes``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import logging
-import os
 import queue
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from gateway.dead_letters import DeadLetters, describe, refused_for_content
+from gateway.errors import APIError
+from gateway.spool import Pending, Segment, Spool, spool_line
 from schemas.atdp import Interaction
 from schemas.atdp import Session as SessionRecord
 from schemas.convert import to_row
 from schemas.tables import InteractionRow, SessionRow
 
 log = logging.getLogger("rlgate.recorder")
-
-SEGMENT_MAX_RECORDS = 2000
-
-
-@dataclass
-class _Segment:
-    path: Path
-    fh: Any
-    written: int = 0
-    done: int = 0
-
-
-@dataclass
-class _Pending:
-    segment: _Segment
-    record: dict[str, Any]
-    enqueued_at: float = field(default_factory=time.monotonic)
-
-
-class Spool:
-    """Append-only JSON-lines segments, fdatasync'ed per append when ``fsync``."""
-
-    def __init__(self, directory: Path, fsync: bool = True) -> None:
-        self.fsync = fsync
-        self.dir = directory
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.lock = threading.Lock()
-        self.current = self._open_segment()
-
-    def _open_segment(self) -> _Segment:
-        path = self.dir / f"segment-{time.time_ns()}-{os.getpid()}.jsonl"
-        fh = open(path, "ab", buffering=0)  # noqa: SIM115 - lives as long as the segment
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return _Segment(path, fh)
-
-    def append(self, records: list[dict[str, Any]]) -> _Segment:
-        data = b"".join(json.dumps(r, separators=(",", ":")).encode() + b"\n" for r in records)
-        with self.lock:
-            seg = self.current
-            seg.fh.write(data)
-            if self.fsync:
-                os.fdatasync(seg.fh.fileno())
-            seg.written += len(records)
-            if seg.written >= SEGMENT_MAX_RECORDS:
-                self.current = self._open_segment()
-            return seg
-
-    def mark_done(self, seg: _Segment, n: int) -> None:
-        with self.lock:
-            seg.done += n
-            if seg is not self.current and seg.done >= seg.written:
-                seg.fh.close()
-                seg.path.unlink(missing_ok=True)
-
-    def rotate_if_idle(self, min_records: int = 200) -> None:
-        """Start a new segment once the current one holds enough records, all of them in
-        the database (rotating after every record would cost a file per request)."""
-        with self.lock:
-            seg = self.current
-            if seg.written >= min_records and seg.done >= seg.written:
-                self.current = self._open_segment()
-                seg.fh.close()
-                seg.path.unlink(missing_ok=True)
-
-    def orphans(self) -> list[Path]:
-        """Segments of processes that are gone (their lock is free)."""
-        out = []
-        for path in sorted(self.dir.glob("segment-*.jsonl")):
-            if path == self.current.path:
-                continue
-            try:
-                with open(path, "rb") as fh:
-                    fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-                out.append(path)
-            except BlockingIOError:
-                continue  # a live gateway owns it
-        return out
-
-    def close(self) -> None:
-        with self.lock:
-            self.current.fh.close()
-            if self.current.done >= self.current.written:
-                self.current.path.unlink(missing_ok=True)
 
 
 def write_batch(db: Session, entries: list[dict[str, Any]]) -> tuple[int, set[str]]:
@@ -187,31 +112,57 @@ class Recorder:
         batch_max: int = 256,
         fsync: bool = True,
         on_sessions_written: Callable[[set[str]], None] | None = None,
+        *,
+        dead_letter_path: Path | None = None,
+        on_dead_letter: Callable[[], None] | None = None,
+        backlog_max_bytes: int = 256 << 20,
+        replay_interval_s: float = 60.0,
+        lag_alert_s: float = 60.0,
     ) -> None:
         self.on_sessions_written = on_sessions_written
+        self.on_dead_letter = on_dead_letter
         self.factory = factory
         self.spool = Spool(spool_dir, fsync)
+        self.dead_letters = DeadLetters(dead_letter_path or spool_dir.parent / "dead_letters.jsonl")
         self.batch_max = batch_max
-        self.queue: queue.Queue[_Pending | None] = queue.Queue()
+        self.backlog_max_bytes = backlog_max_bytes
+        self.replay_interval_s = replay_interval_s
+        self.lag_alert_s = lag_alert_s
+        self.queue: queue.Queue[Pending | None] = queue.Queue()
         self._appends: queue.Queue[tuple[list[dict[str, Any]], Future] | None] = queue.Queue()
         self.recorded_total = 0
+        self.backlog_bytes = 0  # spool lines accepted and not yet in the database
         self.oldest_pending: float | None = None
         self._threads: list[threading.Thread] = []
         self._db_ok = threading.Event()
         self._db_ok.set()
+        self._stop = threading.Event()
+        self._write_lock = threading.Lock()  # one writer at a time: writer and replay
+        self._size_lock = threading.Lock()
+        # ids (interaction, group, session) of records accepted, not committed yet: lets
+        # feedback and previous_response_id wait for a just-answered id without the db
+        self._refs: dict[str, int] = {}
+        self._refs_lock = threading.Lock()
 
     # ---- lifecycle -----------------------------------------------------------------
 
     def start(self) -> None:
-        replayed = self.replay_orphans()
+        """Replay what dead processes left (never fatal: what cannot be written now is
+        retried by the replay thread), then start the append, write and replay threads."""
+        try:
+            replayed = self.replay_orphans()
+        except Exception:
+            log.exception("replaying spool segments at start-up failed; retried later")
+            replayed = 0
         if replayed:
             log.info("replayed %d spooled interactions into the database", replayed)
-        for target in (self._append_loop, self._write_loop):
+        for target in (self._append_loop, self._write_loop, self._replay_loop):
             t = threading.Thread(target=target, daemon=True, name=f"rlgate-{target.__name__}")
             t.start()
             self._threads.append(t)
 
     def stop(self, timeout: float = 30.0) -> None:
+        self._stop.set()
         self._appends.put(None)
         self.queue.put(None)
         for t in self._threads:
@@ -219,36 +170,93 @@ class Recorder:
         self.spool.close()
 
     def replay_orphans(self) -> int:
+        """Write the records of segments no live process holds, then delete them.
+        Idempotent (ids already in the database are skipped). A segment is kept, for the
+        next round, when the database cannot be reached. Returns interactions inserted."""
         total = 0
         for path in self.spool.orphans():
-            records = []
-            with open(path, "rb") as fh:
-                for line in fh:
+            fh = Spool.claim(path)
+            if fh is None:
+                continue  # a live gateway owns it, or another one replays it right now
+            try:
+                lines = fh.read().split(b"\n")
+                records = []
+                for n, line in enumerate(lines):
+                    if not line.strip():
+                        continue
                     try:
                         records.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        # a torn last line: its response was never acknowledged
-                        continue
-            for i in range(0, len(records), self.batch_max):
-                with self.factory() as db, db.begin():
-                    total += write_batch(db, records[i : i + self.batch_max])[0]
-            path.unlink()
+                    except ValueError:
+                        if n == len(lines) - 1:
+                            continue  # a torn last line: its response was never acknowledged
+                        raw = line.decode(errors="replace")
+                        self._dead_letter({"raw": raw}, "spool line is not JSON")
+                done = True
+                for i in range(0, len(records), self.batch_max):
+                    n_in = self._store(records[i : i + self.batch_max], patient=False)
+                    if n_in is None:
+                        done = False
+                        break
+                    total += n_in
+                if done:
+                    path.unlink(missing_ok=True)
+            finally:
+                fh.close()
         return total
 
     # ---- the API -------------------------------------------------------------------
 
+    def admit(self) -> None:
+        """Refuse a new call (503) while the backlog waiting for the database is over its
+        cap: what was accepted stays safe, and memory and spool stop growing."""
+        if self.backlog_bytes > self.backlog_max_bytes:
+            raise APIError(
+                503,
+                f"recording is behind: {self.backlog_bytes >> 20} MiB of records wait for "
+                f"the database (limit {self.backlog_max_bytes >> 20} MiB); retry shortly",
+                headers={"Retry-After": "5"},
+            )
+
     async def record(self, records: list[dict[str, Any]]) -> None:
         """Durably accept records; returns once they are in the spool (fsynced if the
         spool syncs: then through the append thread, which shares one fsync per batch)."""
+        self._track(records, 1)
+        try:
+            await self._accept(records)
+        except BaseException:
+            self._track(records, -1)
+            raise
+
+    async def _accept(self, records: list[dict[str, Any]]) -> None:
         if not self.spool.fsync:
-            seg = self.spool.append(records)  # a write() to the page cache: microseconds
-            now = time.monotonic()
-            for r in records:
-                self.queue.put(_Pending(seg, r, now))
+            lines = [spool_line(r) for r in records]
+            seg = self.spool.append(records, lines)  # a write() to the page cache
+            self._enqueue(seg, records, lines)
             return
         fut: Future = Future()
         self._appends.put((records, fut))
         await asyncio.wrap_future(fut)
+
+    def _track(self, records: list[dict[str, Any]], delta: int) -> None:
+        with self._refs_lock:
+            for r in records:
+                it = r.get("interaction") or {}
+                for ref in {it.get("id"), it.get("group_id"), it.get("session_id")} - {None}:
+                    n = self._refs.get(ref, 0) + delta
+                    if n > 0:
+                        self._refs[ref] = n
+                    else:
+                        self._refs.pop(ref, None)
+
+    def is_pending(self, ref: str) -> bool:
+        """Whether a record with this interaction, group or session id was accepted by this
+        process and is not committed yet (an in-memory check, no database)."""
+        return ref in self._refs
+
+    @property
+    def has_pending(self) -> bool:
+        """Whether any accepted record is not committed yet (in memory, no database)."""
+        return bool(self._refs)
 
     @property
     def lag_seconds(self) -> float:
@@ -259,6 +267,24 @@ class Recorder:
     def pending(self) -> int:
         return self.queue.qsize()
 
+    def problems(self) -> list[str]:
+        """Why recording is not healthy now (empty when it is), for /health."""
+        out = []
+        lag = self.lag_seconds
+        if lag > self.lag_alert_s:
+            out.append(
+                f"recording lags {lag:.0f}s behind (database unreachable or slow); "
+                f"{self.pending} records wait in the spool"
+            )
+        if self.backlog_bytes > self.backlog_max_bytes:
+            out.append("the recording backlog is over its cap: new calls get 503")
+        if self.dead_letters.count:
+            out.append(
+                f"{self.dead_letters.count} records were refused by the database and kept "
+                f"in {self.dead_letters.path}"
+            )
+        return out
+
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until everything accepted so far is in the database (tests, shutdown)."""
         deadline = time.monotonic() + timeout
@@ -267,6 +293,75 @@ class Recorder:
                 return True
             time.sleep(0.01)
         return False
+
+    # ---- writing -------------------------------------------------------------------
+
+    def _enqueue(self, seg: Segment, records: list[dict[str, Any]], lines: list[bytes]) -> None:
+        now = time.monotonic()
+        with self._size_lock:
+            self.backlog_bytes += sum(len(x) for x in lines)
+        for r, x in zip(records, lines, strict=True):
+            self.queue.put(Pending(seg, r, now, len(x)))
+
+    def _store(self, records: list[dict[str, Any]], patient: bool = True) -> int | None:
+        """Write ``records``; returns the interactions inserted. Connection trouble is
+        retried with backoff (``patient``) or answered None (the caller keeps the
+        records). A refusal for content splits the batch until the refused record is
+        alone; it then goes to the dead letters (after two more tries for a constraint
+        violation, which can be a race with another replica)."""
+        delay = 0.1
+        conflicts = 0
+        while True:
+            try:
+                with self._write_lock:
+                    with self.factory() as db, db.begin():
+                        inserted, sessions = write_batch(db, records)
+                    self.recorded_total += inserted
+            except Exception as e:
+                if not refused_for_content(e):
+                    if self._db_ok.is_set():
+                        log.warning(
+                            "recording paused, database unavailable (%s); records stay "
+                            "in the spool and are retried",
+                            str(e).splitlines()[0] if str(e) else type(e).__name__,
+                        )
+                    self._db_ok.clear()
+                    if not patient:
+                        return None
+                    time.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+                    continue
+                self._db_ok.set()
+                if len(records) > 1:
+                    mid = len(records) // 2
+                    first = self._store(records[:mid], patient)
+                    rest = None if first is None else self._store(records[mid:], patient)
+                    return None if first is None or rest is None else first + rest
+                if isinstance(e, IntegrityError) and conflicts < 2:
+                    conflicts += 1
+                    time.sleep(0.05 * conflicts)
+                    continue
+                self._dead_letter(records[0], describe(e))
+                return 0
+            self._db_ok.set()
+            if sessions and self.on_sessions_written:
+                self.on_sessions_written(sessions)
+            return inserted
+
+    def _dead_letter(self, record: dict[str, Any], reason: str) -> None:
+        """Keep a refused record in the dead-letter file; retried until the disk takes
+        it, since the spool copy is dropped afterwards."""
+        delay = 0.1
+        while True:
+            try:
+                self.dead_letters.add(record, reason)
+                break
+            except OSError:
+                log.exception("cannot write the dead-letter file; retrying")
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        if self.on_dead_letter:
+            self.on_dead_letter()
 
     # ---- threads -------------------------------------------------------------------
 
@@ -284,14 +379,13 @@ class Recorder:
             if work:
                 records = [r for recs, _ in work for r in recs]
                 try:
-                    seg = self.spool.append(records)
+                    lines = [spool_line(r) for r in records]
+                    seg = self.spool.append(records, lines)
                 except Exception as e:  # disk full, permissions: fail the requests loudly
                     for _, fut in work:
                         fut.set_exception(e)
                 else:
-                    now = time.monotonic()
-                    for r in records:
-                        self.queue.put(_Pending(seg, r, now))
+                    self._enqueue(seg, records, lines)
                     for _, fut in work:
                         fut.set_result(None)
             for _ in batch:
@@ -303,7 +397,7 @@ class Recorder:
         stop = False
         while not stop:
             first = self.queue.get()
-            batch: list[_Pending | None] = [first]
+            batch: list[Pending | None] = [first]
             while len(batch) < self.batch_max:
                 try:
                     batch.append(self.queue.get_nowait())
@@ -313,33 +407,28 @@ class Recorder:
             work = [b for b in batch if b is not None]
             if work:
                 self.oldest_pending = min(p.enqueued_at for p in work)
-                self._write_with_retry(work)
+                self._store([p.record for p in work])  # patient: returns once written
                 self.oldest_pending = None
+                self._track([p.record for p in work], -1)
                 for p in work:
                     self.spool.mark_done(p.segment, 1)
+                with self._size_lock:
+                    self.backlog_bytes -= sum(p.size for p in work)
                 if self.queue.empty():
                     self.spool.rotate_if_idle()
             for _ in batch:
                 self.queue.task_done()
 
-    def _write_with_retry(self, work: list[_Pending]) -> None:
-        delay = 0.1
-        while True:
+    def _replay_loop(self) -> None:
+        """Replay orphan segments every ``replay_interval_s`` (a gateway that died while
+        this one runs, or a segment start-up could not write)."""
+        while not self._stop.wait(self.replay_interval_s):
             try:
-                with self.factory() as db, db.begin():
-                    inserted, sessions = write_batch(db, [p.record for p in work])
-                self.recorded_total += inserted
-                if sessions and self.on_sessions_written:
-                    self.on_sessions_written(sessions)
-                self._db_ok.set()
-                return
-            except Exception as e:
-                if self._db_ok.is_set():
-                    log.warning(
-                        "recording paused, database unavailable (%s); records stay "
-                        "in the spool and are retried",
-                        str(e).splitlines()[0],
-                    )
-                self._db_ok.clear()
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                n = self.replay_orphans()
+            except Exception:
+                log.exception(
+                    "replaying spool segments failed; retried in %ss", self.replay_interval_s
+                )
+                continue
+            if n:
+                log.info("replayed %d spooled interactions into the database", n)

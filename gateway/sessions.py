@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.auth import Principal
 from gateway.errors import APIError
 from gateway.request import Message
+from gateway.storable import check_session_fields
 from schemas.atdp import Session as AtdpSession
 from schemas.coltypes import utcnow
 from schemas.tables import InteractionRow, SessionRow
@@ -38,8 +39,8 @@ def new_session_id() -> str:
 def _canon_args(arguments: str) -> object:
     try:
         return json.loads(arguments)
-    except (json.JSONDecodeError, TypeError):
-        return arguments
+    except (json.JSONDecodeError, TypeError, RecursionError):
+        return arguments  # not JSON (or nested past the parser's limit): the text itself
 
 
 def canonical(m: Message) -> list:
@@ -53,12 +54,22 @@ def conversation_hash(messages: list[Message]) -> str:
 
 
 def prefix_hashes(messages: list[Message]) -> list[str]:
-    """Hashes of every prefix that ends with an assistant turn, longest first."""
-    out = []
-    for k in range(len(messages) - 1, 0, -1):
+    """Hashes of every prefix that ends with an assistant turn, longest first.
+
+    Equal to ``conversation_hash(messages[:k])`` for each such k, in O(total size): the
+    JSON of a list is ``[`` + its items' JSON joined by ``,`` + ``]``, so one running
+    sha256 takes each message once and a copy of it is closed with ``]`` per prefix."""
+    running = hashlib.sha256(b"[")
+    found = []
+    for k in range(1, len(messages)):  # prefixes messages[:k], k < len(messages)
+        item = json.dumps(canonical(messages[k - 1]), sort_keys=True, separators=(",", ":"))
+        running.update((item if k == 1 else "," + item).encode())
         if messages[k - 1].role == "assistant":
-            out.append(conversation_hash(messages[:k]))
-    return out
+            h = running.copy()
+            h.update(b"]")
+            found.append(h.hexdigest())
+    found.reverse()
+    return found
 
 
 @dataclass
@@ -152,7 +163,9 @@ class SessionStore:
             if external_id:
                 self.pending_external[(p.project_id, external_id)] = row["id"]
             while len(self.pending) > 50_000:
-                self.pending.popitem(last=False)
+                _, old = self.pending.popitem(last=False)
+                if old.get("external_id"):
+                    self.pending_external.pop((old["project_id"], old["external_id"]), None)
         return SessionContext(row["id"], None, True, row)
 
     def _pending(self, session_id: str) -> dict | None:
@@ -173,7 +186,9 @@ class SessionStore:
         agent: str | None,
     ) -> SessionContext:
         """Which session this call belongs to. Writes nothing: a new session is recorded
-        with the call's interaction, so a call that fails leaves nothing behind."""
+        with the call's interaction, so a call that fails leaves nothing behind. A 400 for
+        a session id or agent name the sessions table cannot store."""
+        check_session_fields(external_id, agent)
         hashes = prefix_hashes(messages)
         with self.factory() as db:
             if p.session_id:  # (a) per-session key
