@@ -30,6 +30,7 @@ from gateway.metrics import Metrics
 from gateway.migrate import current
 from gateway.parsing import TOOL_PARSERS
 from gateway.recorder import Recorder
+from gateway.redaction import RedactionPolicy
 from gateway.routing import gw_of, headers_for, principal, read_json
 from gateway.service import Pipeline, ServingPolicy, open_stream
 from gateway.sessions import SessionStore, new_session_id
@@ -107,6 +108,7 @@ def build_gateway(settings: Settings) -> Gateway:
         tool_parser=settings.tool_parser or None,
         reasoning_parser=settings.reasoning_parser,
         default_max_tokens=settings.default_max_tokens,
+        redaction=RedactionPolicy(factory, settings.redact, settings.redact_patterns),
     )
     admin = settings.admin_key.get_secret_value() if settings.admin_key else None
     auth = Authenticator(factory, admin, settings.default_project)

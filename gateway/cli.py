@@ -297,6 +297,48 @@ def export(
 
 
 @main.command()
+@click.option(
+    "--days",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Purge interactions older than this many days, in every project touched "
+    "(default: each project's retention_days, else RLGATE_RETENTION_DAYS).",
+)
+@click.option("--project", default=None, help="Only this project.")
+@click.option("--dry-run", is_flag=True, help="Only count what would be purged.")
+@clean_errors
+def retention(days: int | None, project: str | None, dry_run: bool) -> None:
+    """Delete the request/response payloads and token data of old interactions.
+
+    Ids, timing, usage and rewards are kept; purged records are never trained on. Each
+    project's run is an AuditEvent (retention.purge). See docs/data-protection.md.
+    """
+    from trainer.retention import RetentionConfigError, purge_payloads
+
+    settings = load_settings()
+    factory = _open_db()
+    try:
+        results = purge_payloads(
+            factory,
+            default_days=settings.retention_days,
+            override_days=days,
+            project=project,
+            dry_run=dry_run,
+            actor="cli",
+        )
+    except RetentionConfigError as e:
+        raise ConfigError(str(e)) from None
+    if not results:
+        _fail("no retention configured: pass --days N or set RLGATE_RETENTION_DAYS")
+    verb = "would purge" if dry_run else "purged"
+    for r in results:
+        click.echo(
+            f"{r.project_id}: {verb} {r.purged} interactions older than {r.days} days "
+            f"(created before {r.cutoff:%Y-%m-%d %H:%M} UTC)"
+        )
+
+
+@main.command()
 @click.option("--host", default=None, help="Bind address (default RLGATE_GATEWAY_HOST).")
 @click.option("--port", type=int, default=None, help="Port (default RLGATE_GATEWAY_PORT).")
 @clean_errors

@@ -101,6 +101,7 @@ def export(
             None,
             {
                 "format": fmt,
+                "output": str(out) if out else "stdout",
                 "records": n,
                 "rated_only": rated_only,
                 "since": since.isoformat() if since else None,

@@ -67,7 +67,8 @@ def create_key(
         created_at=utcnow(),
     )
     db.add(row)
-    audit(db, actor, "key.create", project_id, "api_key", row.id, {"kind": row.kind})
+    details = {"kind": row.kind, "name": name, "session_id": session_id}
+    audit(db, actor, "key.create", project_id, "api_key", row.id, details)
     return row, secret
 
 

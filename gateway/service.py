@@ -25,6 +25,7 @@ from gateway.errors import APIError, bad_request
 from gateway.metrics import Metrics
 from gateway.parsing import TOOL_PARSERS, StreamingParser, parse_output
 from gateway.recorder import Recorder
+from gateway.redaction import RedactionPolicy
 from gateway.request import Completion, GenerationRequest, Message, ToolCallOut
 from gateway.sessions import SessionContext, SessionStore, conversation_hash
 from gateway.templating import ChatRenderer
@@ -178,6 +179,7 @@ class Pipeline:
         tool_parser: str | None = "hermes",
         reasoning_parser: bool = False,
         default_max_tokens: int | None = None,
+        redaction: RedactionPolicy | None = None,
     ) -> None:
         self.renderer = renderer
         self.engines = engines
@@ -190,6 +192,7 @@ class Pipeline:
         self.default_max_tokens = default_max_tokens
         self.leases = Leases()
         self._context_checked = False
+        self.redaction = redaction or RedactionPolicy(None)  # off unless configured
 
     async def _ensure_context(self) -> None:
         """Use the engines' own context length (SGLang's /get_server_info) once known."""
@@ -523,4 +526,6 @@ class Pipeline:
                 )
             self.metrics.completion_tokens.inc(len(c.output_ids))
         self.metrics.prompt_tokens.inc(len(prep.prompt_ids))
+        # data protection: the one place records are redacted before storage
+        records = await self.redaction.apply(prep.principal.project_id, records)
         await self.recorder.record(records)

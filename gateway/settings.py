@@ -99,6 +99,25 @@ class Settings(BaseSettings):
         "before the response is sent, which survives a gateway crash or kill.",
     )
 
+    # ---- data protection (gateway/redaction.py, trainer/retention.py, docs/data-protection.md)
+    redact: bool = Field(
+        False,
+        description="Redact emails, phone numbers, API keys and long hex/base64 secrets (and "
+        "redact_patterns) from every project's records before storage; a redacted record "
+        "loses its token ids and is never trained on. Projects can also opt in one by one.",
+    )
+    redact_patterns: list[str] = Field(
+        default_factory=list,
+        description="Extra regular expressions to redact (a JSON list in the environment); "
+        "validated at start-up: no nested quantifiers, backreferences or empty matches.",
+    )
+    retention_days: int | None = Field(
+        None,
+        ge=1,
+        description="Delete the request/response payloads and token data of interactions "
+        "older than this many days (daily trainer beat job; `rlgate retention`). Unset: keep.",
+    )
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -116,6 +135,14 @@ class Settings(BaseSettings):
                 raise ConfigError(f"RLGATE_CONFIG points at {path}, which is not a file")
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
         return tuple(sources)
+
+    @field_validator("redact_patterns")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        from gateway.redaction import compile_patterns
+
+        compile_patterns(v)  # RedactionConfigError (a ValueError) names the bad pattern
+        return v
 
     @field_validator("log_level")
     @classmethod

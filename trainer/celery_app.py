@@ -36,4 +36,6 @@ app = make_celery()
 
 # The task modules register on `app`; import them so every process that has the app
 # (worker, beat, producers) knows the tasks by name.
-from trainer import tasks, verifiers  # noqa: E402, F401
+from trainer import retention, tasks, verifiers  # noqa: E402, F401
+
+retention.register(app)  # daily payload retention job (trainer/retention.py)

@@ -1,0 +1,293 @@
+"""Optional redaction of secrets and personal data before a record is stored.
+
+Off by default. On for every project with the deployment setting ``redact`` (env
+``RLGATE_REDACT=true``), or for one project with ``Project.settings["redaction"] =
+{"enabled": true}``. Extra patterns come from the setting ``redact_patterns`` and from
+``Project.settings["redaction"]["patterns"]``: regular expressions (data, never code),
+validated by :func:`check_pattern` before use.
+
+What a redacted record looks like (see docs/data-protection.md):
+
+- every matching span of every string in ``request`` and ``output`` (and in a new
+  session's ``metadata``) becomes ``[REDACTED:<kind>]``;
+- ``prompt_token_ids``, ``completion_token_ids`` and ``completion_logprobs`` are emptied:
+  the ids decode back to the secret, and ids that no longer match the stored text are
+  not token-exact training data;
+- ``request["rlgate_redaction"] = {"redacted": true, "counts": {kind: n}, "dropped": [...]}``
+  marks it; the trainer never trains on a record marked ``redacted``.
+
+A record in which nothing matched is stored unchanged (token ids kept, trainable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from schemas.tables import ProjectRow
+
+log = logging.getLogger("rlgate.redaction")
+
+MARKER = "rlgate_redaction"
+TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
+MAX_PATTERNS = 32
+MAX_PATTERN_LEN = 500
+MAX_REPEAT_BOUND = 1000
+
+# Built-in kinds, applied in this order after the custom patterns. Each starts with a
+# lookbehind so a match can only begin at the start of a run of its characters: the
+# engine scans a long run once instead of once per position (no quadratic time on a
+# 100 kB blob without a match).
+_B64 = r"[A-Za-z0-9+/_-]"
+BUILTIN: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        "api_key",
+        re.compile(
+            r"(?<![A-Za-z0-9_-])(?:sk-[A-Za-z0-9_-]{16,}|rlg_(?:admin|agent|feedback)_"
+            r"[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{30,}|xox[abpors]-[A-Za-z0-9-]{10,}"
+            r"|AKIA[0-9A-Z]{16})"
+        ),
+    ),
+    ("bearer_token", re.compile(r"(?i)(?<=bearer )[A-Za-z0-9._~+/=-]{16,}")),
+    (
+        "email",
+        re.compile(r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}"),
+    ),
+    (
+        "phone",
+        re.compile(
+            r"(?<![\w.+-])(?:\+\d(?:[ .-]?\d){6,14}"
+            r"|(?:\(\d{2,4}\) ?|\d{2,4}[ .-])\d{3,4}[ .-]\d{3,4})(?![\w]|[.-]\d)"
+        ),
+    ),
+    ("hex_secret", re.compile(r"(?<![0-9A-Za-z])[0-9a-fA-F]{32,}(?![0-9A-Za-z])")),
+    (
+        "base64_secret",
+        re.compile(
+            rf"(?<!{_B64})(?={_B64}*\d)(?={_B64}*[a-z])(?={_B64}*[A-Z]){_B64}{{40,}}={{0,2}}"
+        ),
+    ),
+)
+KINDS = (*(k for k, _ in BUILTIN), "custom")
+
+
+class RedactionConfigError(ValueError):
+    """A redaction pattern that cannot be used; the message says which and why."""
+
+
+# ---- validating patterns -------------------------------------------------------------
+
+
+def _parse(pattern: str) -> Any:
+    from re import _parser  # type: ignore[attr-defined]  # the stdlib's own parser (3.11+)
+
+    return _parser.parse(pattern)
+
+
+def _walk(sub: Any, outer_repeat: str | None, pattern: str) -> None:
+    """Reject what can backtrack catastrophically or compile huge: a quantified group
+    holding another quantifier or an alternation where either side is unbounded,
+    backreferences, and repeat bounds over MAX_REPEAT_BOUND."""
+    from re import _constants as c  # type: ignore[attr-defined]
+
+    repeats = {c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", c.MAX_REPEAT)}
+    for op, av in sub:
+        if op in repeats:
+            lo, hi, body = av
+            unbounded = hi == c.MAXREPEAT
+            if lo > MAX_REPEAT_BOUND or (not unbounded and hi > MAX_REPEAT_BOUND):
+                raise RedactionConfigError(
+                    f"redaction pattern {pattern!r}: a repeat bound above "
+                    f"{MAX_REPEAT_BOUND} is not allowed"
+                )
+            many = unbounded or hi > 1
+            if many and outer_repeat is not None and (outer_repeat == "unbounded" or unbounded):
+                raise RedactionConfigError(
+                    f"redaction pattern {pattern!r}: a quantified group contains another "
+                    "quantifier, which can backtrack catastrophically; rewrite it without "
+                    "nesting (e.g. [a-z0-9.]+ instead of ([a-z0-9]+\\.)+)"
+                )
+            inner = ("unbounded" if unbounded else "bounded") if many else outer_repeat
+            _walk(body, inner, pattern)
+        elif op is c.BRANCH:
+            if outer_repeat == "unbounded":
+                raise RedactionConfigError(
+                    f"redaction pattern {pattern!r}: an alternation inside an unbounded "
+                    "repeat can backtrack catastrophically; use a character class or "
+                    "separate patterns"
+                )
+            for branch in av[1]:
+                _walk(branch, outer_repeat, pattern)
+        elif op is c.SUBPATTERN:
+            _walk(av[3], outer_repeat, pattern)
+        elif op in (c.ASSERT, c.ASSERT_NOT):
+            _walk(av[1], outer_repeat, pattern)
+        elif op is getattr(c, "ATOMIC_GROUP", None):
+            _walk(av, outer_repeat, pattern)
+        elif op in (c.GROUPREF, c.GROUPREF_EXISTS):
+            raise RedactionConfigError(
+                f"redaction pattern {pattern!r}: backreferences are not allowed"
+            )
+
+
+def check_pattern(pattern: Any) -> re.Pattern[str]:
+    """Compile one custom pattern or raise RedactionConfigError saying what to fix."""
+    if not isinstance(pattern, str) or not pattern:
+        raise RedactionConfigError(
+            f"redaction pattern {pattern!r}: must be a non-empty string (a regular expression)"
+        )
+    if len(pattern) > MAX_PATTERN_LEN:
+        raise RedactionConfigError(
+            f"redaction pattern {pattern[:40]!r}...: longer than {MAX_PATTERN_LEN} characters"
+        )
+    try:
+        compiled = re.compile(pattern)
+        _walk(_parse(pattern), None, pattern)
+    except re.error as e:
+        raise RedactionConfigError(f"redaction pattern {pattern!r}: invalid regex: {e}") from None
+    except RecursionError:
+        raise RedactionConfigError(f"redaction pattern {pattern!r}: nested too deeply") from None
+    if compiled.search("") is not None:
+        raise RedactionConfigError(
+            f"redaction pattern {pattern!r}: matches the empty string; it must match something"
+        )
+    return compiled
+
+
+def compile_patterns(patterns: Iterable[Any]) -> tuple[re.Pattern[str], ...]:
+    items = list(patterns)
+    if len(items) > MAX_PATTERNS:
+        raise RedactionConfigError(
+            f"at most {MAX_PATTERNS} redaction patterns are allowed, not {len(items)}"
+        )
+    return tuple(check_pattern(p) for p in items)
+
+
+# ---- redacting -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Redactor:
+    """Replaces every match of the custom patterns, then of the built-in kinds."""
+
+    custom: tuple[re.Pattern[str], ...] = ()
+    config_error: str | None = None
+
+    def text(self, s: str, counts: Counter[str]) -> str:
+        for pattern in self.custom:
+            s, n = pattern.subn("[REDACTED:custom]", s)
+            counts["custom"] += n
+        for kind, pattern in BUILTIN:
+            s, n = pattern.subn(f"[REDACTED:{kind}]", s)
+            counts[kind] += n
+        return s
+
+    def value(self, v: Any, counts: Counter[str]) -> Any:
+        """A copy of a JSON value with every string redacted (keys are left alone)."""
+        if isinstance(v, str):
+            return self.text(v, counts)
+        if isinstance(v, dict):
+            return {k: self.value(x, counts) for k, x in v.items()}
+        if isinstance(v, list):
+            return [self.value(x, counts) for x in v]
+        return v
+
+    def record(self, item: dict[str, Any]) -> dict[str, Any]:
+        """One recorder item ``{"interaction": ..., "session": ...}``, redacted; the
+        interaction is marked and its token data dropped when anything matched."""
+        counts: Counter[str] = Counter()
+        rec = dict(item["interaction"])
+        rec["request"] = self.value(rec.get("request") or {}, counts)
+        rec["output"] = self.value(rec.get("output") or {}, counts)
+        session = item.get("session")
+        if session is not None and session.get("metadata"):
+            session = {**session, "metadata": self.value(session["metadata"], counts)}
+        found = {k: n for k, n in counts.items() if n}
+        if found or self.config_error:
+            for name in TOKEN_FIELDS:
+                rec[name] = []
+            rec["request"][MARKER] = {
+                "redacted": True,
+                "counts": found,
+                "dropped": list(TOKEN_FIELDS),
+                **({"config_error": self.config_error} if self.config_error else {}),
+            }
+        return {**item, "interaction": rec, "session": session}
+
+
+def strip_client_marker(item: dict[str, Any]) -> dict[str, Any]:
+    """A client cannot send the marker itself (it would skip training or retention)."""
+    request = item["interaction"].get("request")
+    if isinstance(request, dict) and MARKER in request:
+        request = {k: v for k, v in request.items() if k != MARKER}
+        item = {**item, "interaction": {**item["interaction"], "request": request}}
+    return item
+
+
+class RedactionPolicy:
+    """Which redactor applies to a project: the deployment setting, or-ed with the
+    project's ``settings["redaction"]``, read from the database at most every ``ttl_s``."""
+
+    def __init__(
+        self,
+        factory: sessionmaker[Session] | None,
+        enabled: bool = False,
+        patterns: Sequence[str] = (),
+        ttl_s: float = 5.0,
+    ) -> None:
+        self.factory = factory
+        self.enabled = enabled
+        self.patterns = compile_patterns(patterns)
+        self.ttl_s = ttl_s
+        self._cache: dict[str, tuple[float, Redactor | None]] = {}
+
+    def _build(self, project_settings: dict[str, Any] | None) -> Redactor | None:
+        conf = (project_settings or {}).get("redaction") or {}
+        if not isinstance(conf, dict):
+            conf = {"enabled": True, "patterns": ["<not an object>"]}
+        on = self.enabled or conf.get("enabled") is True
+        if not on:
+            return None
+        try:
+            extra = compile_patterns(conf.get("patterns") or [])
+        except RedactionConfigError as e:
+            # fail closed: the record is still redacted (built-in kinds, deployment
+            # patterns) and its token data dropped; the error is logged and marked
+            log.error("project redaction settings ignored: %s", e)
+            return Redactor(self.patterns, config_error=str(e))
+        return Redactor(self.patterns + extra)
+
+    def for_project(self, project_id: str) -> Redactor | None:
+        """Blocking (a database read on a cache miss)."""
+        hit = self._cache.get(project_id)
+        now = time.monotonic()
+        if hit and now - hit[0] < self.ttl_s:
+            return hit[1]
+        settings = None
+        if self.factory is not None:
+            with self.factory() as db:
+                project = db.get(ProjectRow, project_id)
+                settings = dict(project.settings or {}) if project is not None else None
+        redactor = self._build(settings)
+        self._cache[project_id] = (now, redactor)
+        return redactor
+
+    async def apply(self, project_id: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The recorder items for ``project_id``, redacted when redaction is on for it."""
+        items = [strip_client_marker(i) for i in items]
+        hit = self._cache.get(project_id)
+        if hit and time.monotonic() - hit[0] < self.ttl_s:
+            redactor = hit[1]
+        else:
+            redactor = await asyncio.to_thread(self.for_project, project_id)
+        if redactor is None:
+            return items
+        return await asyncio.to_thread(lambda: [redactor.record(i) for i in items])
