@@ -19,8 +19,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway import openai_chat
-from gateway.auth import Authenticator, require_kind
+from gateway import exposure, openai_chat
+from gateway.auth import BOOTSTRAP_ADMIN_ID, Authenticator, require_kind
 from gateway.db import check_connection, make_engine, session_factory
 from gateway.engine_client import EngineClient
 from gateway.errors import APIError, bad_request, error_response
@@ -29,6 +29,7 @@ from gateway.keys import create_key
 from gateway.metrics import Metrics
 from gateway.migrate import current
 from gateway.parsing import TOOL_PARSERS
+from gateway.ratelimit import RateLimitMiddleware
 from gateway.recorder import Recorder
 from gateway.redaction import RedactionPolicy
 from gateway.routing import gw_of, headers_for, principal, read_json
@@ -111,7 +112,7 @@ def build_gateway(settings: Settings) -> Gateway:
         redaction=RedactionPolicy(factory, settings.redact, settings.redact_patterns),
     )
     admin = settings.admin_key.get_secret_value() if settings.admin_key else None
-    auth = Authenticator(factory, admin, settings.default_project)
+    auth = Authenticator(factory, admin, settings.default_project, settings.session_key_grace_s)
     return Gateway(settings, factory, auth, pipeline, recorder, engines, metrics, tokenizer)
 
 
@@ -138,9 +139,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await gw.engines.close()
             await asyncio.to_thread(gw.recorder.stop)
 
-    app = FastAPI(title="rlgate", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="rlgate",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,  # served by exposure.install_openapi, behind an admin key
+    )
+    app.state.settings = settings
     install_error_handlers(app)
+    app.add_middleware(RateLimitMiddleware)
     app.add_middleware(MetricsMiddleware)
+    exposure.install_openapi(app)
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions", include_in_schema=False)
@@ -185,6 +196,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         }
 
     @app.get("/health")
+    @exposure.admin_details
     async def health(request: Request) -> JSONResponse:
         gw = gw_of(request)
         engines = await gw.engines.health()
@@ -201,6 +213,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         gw = gw_of(request)
+        await exposure.require_admin(request, gw.settings.metrics_public)
         gw.metrics.recording_lag.set(gw.recorder.lag_seconds)
         gw.metrics.recording_pending.set(gw.recorder.pending)
         gw.metrics.recorded.set(gw.recorder.recorded_total)
@@ -244,6 +257,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     "agent",
                     name=f"session {row.id}",
                     session_id=row.id,
+                    parent_key_id=None if p.key_id == BOOTSTRAP_ADMIN_ID else p.key_id,
                     actor=p.key_id,
                 )
                 row.api_key_id = key.id

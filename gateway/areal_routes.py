@@ -7,7 +7,9 @@ AReaL's online proxy (``areal.experimental.openai.proxy``):
   (``/chat/completions``, ``/v1/chat/completions``, ...) made with it land in the session.
   Passing the ``api_key`` of an earlier session refreshes: that session is ended and the
   same key now names a new session. A key the gateway does not know is registered as the
-  new session's key (AReaL's gateway lets the caller choose its key).
+  new session's key (AReaL's gateway lets the caller choose its key); a chosen key must
+  be at least 32 characters. Session keys record the key that started them: revoking that
+  key revokes them.
 - ``POST /rl/set_reward`` (session key) ``{"reward": float, "interaction_id": str | null}``
   -> ``{"message": "success"}``. With an interaction id: the same record as a native
   interaction feedback; without: a session feedback (rewards the last turn and flows back
@@ -25,27 +27,36 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from typing import Any
 
 from fastapi import APIRouter, Request
 from sqlalchemy import func, select
 
-from gateway.auth import Principal
+from gateway.auth import BOOTSTRAP_ADMIN_ID, Principal
 from gateway.errors import APIError, bad_request
 from gateway.feedback import (
-    TARGET_WAIT_S,
     FeedbackInput,
     Scope,
     close_session,
+    find_interaction,
     normalize,
     project_settings,
     session_closed,
     submit_feedback,
 )
-from gateway.keys import PREFIX_LEN, audit, create_key, hash_secret, lookup_key, new_id
+from gateway.keys import (
+    MIN_CHOSEN_LEN,
+    audit,
+    create_key,
+    display_prefix,
+    find_key,
+    hash_secret,
+    new_id,
+)
 from gateway.routing import gw_of, principal, read_json
 from gateway.sessions import new_session_id
+from gateway.storable import bounded_str
+from gateway.waits import locate, until_committed
 from schemas.coltypes import utcnow
 from schemas.tables import ApiKeyRow, InteractionRow, SessionRow
 
@@ -70,16 +81,23 @@ async def start_session(request: Request) -> dict[str, Any]:
     if p.kind not in ("admin", "agent") or p.session_id is not None:
         raise APIError(403, "start_session needs the admin key (or a project agent key)")
     body = await _body(request)
-    task_id = body.get("task_id")
-    if task_id is not None and not isinstance(task_id, str):
-        raise bad_request("'task_id' must be a string", "task_id")
+    task_id = bounded_str(body, "task_id")  # sessions.task_id is String(200)
     wanted = body.get("api_key")
-    if wanted is not None and (not isinstance(wanted, str) or len(wanted) < 8 or " " in wanted):
-        raise bad_request("'api_key' must be a string of at least 8 characters", "api_key")
+    if wanted is not None and (
+        not isinstance(wanted, str)
+        or not MIN_CHOSEN_LEN <= len(wanted) <= 200
+        or any(c.isspace() for c in wanted)
+    ):
+        raise bad_request(
+            f"'api_key' must be a string of {MIN_CHOSEN_LEN} to 200 characters without "
+            "spaces (e.g. 'sk-' + 32 random hex digits), or null for a generated key",
+            "api_key",
+        )
     meta = body.get("metadata", {})
     if not isinstance(meta, dict):
         raise bad_request("'metadata' must be an object", "metadata")
     admin_secret = gw.auth.admin_key
+    parent = None if p.key_id == BOOTSTRAP_ADMIN_ID else p.key_id
 
     def start() -> tuple[str, str, str | None]:
         ended: str | None = None
@@ -90,10 +108,8 @@ async def start_session(request: Request) -> dict[str, Any]:
             if wanted is not None:
                 if admin_secret and wanted == admin_secret:
                     raise bad_request("the admin key cannot be a session key", "api_key")
-                key = lookup_key(db, wanted)
-                if key is None and db.scalar(
-                    select(ApiKeyRow.id).where(ApiKeyRow.key_hash == hash_secret(wanted))
-                ):
+                key = find_key(db, wanted)  # an ended session's key may be refreshed
+                if key is not None and key.revoked_at is not None:
                     raise APIError(409, "this api_key was revoked", param="api_key")
                 if key is not None and (
                     key.kind != "agent" or key.session_id is None or key.project_id != p.project_id
@@ -128,9 +144,10 @@ async def start_session(request: Request) -> dict[str, Any]:
                     project_id=p.project_id,
                     kind="agent",
                     key_hash=hash_secret(wanted),
-                    prefix=wanted[:PREFIX_LEN],
+                    prefix=display_prefix(wanted),
                     name=f"areal session {sid}",
                     session_id=sid,
+                    parent_key_id=parent,
                     created_at=now,
                 )
                 db.add(key)
@@ -145,6 +162,7 @@ async def start_session(request: Request) -> dict[str, Any]:
                     "agent",
                     name=f"areal session {sid}",
                     session_id=sid,
+                    parent_key_id=parent,
                     actor=p.key_id,
                 )
             db.flush()
@@ -197,46 +215,52 @@ async def set_reward(request: Request) -> dict[str, Any]:
     body = await _body(request)
     sid = _session_of(p, body)
     reward = body.get("reward")
-    if isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward):
-        raise bad_request("'reward' must be a number", "reward")
+    if isinstance(reward, bool) or not isinstance(reward, int | float) or not _finite(reward):
+        raise bad_request("'reward' must be a finite number", "reward")
     interaction_id = body.get("interaction_id")
     if interaction_id is not None and not isinstance(interaction_id, str):
         raise bad_request("'interaction_id' must be a string or null", "interaction_id")
 
-    def run() -> dict[str, Any]:
-        srow = _check_session(gw, p, sid)
-        with gw.factory() as db:
-            lo, hi = reward_range(project_settings(db, srow.project_id))
-        if interaction_id is None:
-            gw.recorder.flush(TARGET_WAIT_S)
-            deadline = time.monotonic() + TARGET_WAIT_S
-            while True:
-                with gw.factory() as db:
-                    n = db.scalar(select(func.count()).where(InteractionRow.session_id == sid))
-                if n or time.monotonic() >= deadline:
-                    break
-                time.sleep(0.05)
-            if not n:
-                raise bad_request("No interactions in session", "interaction_id")
-        value, norm, smin, smax = normalize(reward, "scalar", lo, hi)
-        inp = FeedbackInput(
-            target="interaction" if interaction_id else "session",
-            ref=interaction_id or sid,
-            value=value,
-            scale="scalar",
-            scale_min=smin,
-            scale_max=smax,
-            reward=norm,
-            source="system",
-            rater=AREAL_RATER,
+    srow = await asyncio.to_thread(_check_session, gw, p, sid)
+    with_settings = await asyncio.to_thread(_project_settings, gw, srow.project_id)
+    lo, hi = reward_range(with_settings)
+    value, norm, smin, smax = normalize(reward, "scalar", lo, hi)
+    scope = Scope(p.project_id, sid, p.key_id)
+    # wait for the recorder on the event loop (gateway.waits), never in a worker thread
+    if interaction_id is None:
+        n = await locate(request, p.key_id, sid, lambda: _count(gw, sid) or None)
+        if not n:
+            raise bad_request("No interactions in session", "interaction_id")
+    elif (
+        await locate(
+            request,
+            p.key_id,
+            interaction_id,
+            lambda: find_interaction(gw.factory, scope, interaction_id),
         )
+        is None
+    ):  # AReaL answers an unknown interaction with 400
+        raise bad_request(f"Interaction {interaction_id} not found", "interaction_id")
+    inp = FeedbackInput(
+        target="interaction" if interaction_id else "session",
+        ref=interaction_id or sid,
+        value=value,
+        scale="scalar",
+        scale_min=smin,
+        scale_max=smax,
+        reward=norm,
+        source="system",
+        rater=AREAL_RATER,
+    )
+
+    def run() -> dict[str, Any]:
         try:
             fb, _ = submit_feedback(
                 gw.factory,
                 inp,
                 principal=p if p.session_id else None,
-                scope=Scope(p.project_id, sid, p.key_id),
-                flush=gw.recorder.flush,
+                scope=scope,
+                wait_s=0,
             )
         except APIError as e:
             if e.status == 404:  # AReaL answers an unknown interaction with 400
@@ -247,6 +271,23 @@ async def set_reward(request: Request) -> dict[str, Any]:
     return await asyncio.to_thread(run)
 
 
+def _finite(x: float) -> bool:
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def _project_settings(gw: Any, project_id: str) -> dict[str, Any]:
+    with gw.factory() as db:
+        return project_settings(db, project_id)
+
+
+def _count(gw: Any, sid: str) -> int:
+    with gw.factory() as db:
+        return int(db.scalar(select(func.count()).where(InteractionRow.session_id == sid)) or 0)
+
+
 @router.post("/rl/end_session")
 @router.post("/v1/rl/end_session", include_in_schema=False)
 async def end_session(request: Request) -> dict[str, Any]:
@@ -254,7 +295,7 @@ async def end_session(request: Request) -> dict[str, Any]:
     p = await principal(request)
     body = await _body(request)
     sid = _session_of(p, body)
-    await asyncio.to_thread(gw.recorder.flush, TARGET_WAIT_S)
+    await until_committed(gw.recorder, sid)
 
     def end() -> int:
         _check_session(gw, p, sid)

@@ -37,8 +37,10 @@ class Authenticator:
         factory: sessionmaker[Session],
         admin_key: str | None,
         default_project: str = "default",
+        session_grace_s: float = 3600.0,
     ) -> None:
         self.factory = factory
+        self.session_grace_s = session_grace_s
         self.admin_key = admin_key
         self.default_project = default_project
         self._cache: dict[str, tuple[float, Principal]] = {}
@@ -56,6 +58,8 @@ class Authenticator:
         return None
 
     def resolve(self, secret: str | None) -> Principal:
+        """The caller of this secret; 401 for a missing, unknown or unusable key (revoked,
+        a revoked parent, or its session ended past the grace: gateway.keys.key_usable)."""
         if not secret:
             raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'")
         if self.admin_key and hmac.compare_digest(secret.encode(), self.admin_key.encode()):
@@ -65,7 +69,7 @@ class Authenticator:
         if hit and now - hit[0] < CACHE_TTL_S:
             return hit[1]
         with self.factory() as db:
-            row = lookup_key(db, secret)
+            row = lookup_key(db, secret, session_grace_s=self.session_grace_s)
             principal = Principal(row.id, row.project_id, row.kind, row.session_id) if row else None
         if principal is None:
             self._cache.pop(secret, None)

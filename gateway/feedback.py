@@ -64,6 +64,7 @@ FIELDS = {
 }
 MAX_COMMENT = 10_000
 MAX_SHORT = 200
+MAX_ABS = 1e15  # bound on a scalar value, min and max: the arithmetic stays exact enough
 
 
 class Unprocessable(APIError):
@@ -77,9 +78,14 @@ class Unprocessable(APIError):
 def _finite(value: Any, param: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise bad_request(f"'{param}' must be a number", param)
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:  # an int too large for a float
+        v = math.inf
     if not math.isfinite(v):
         raise bad_request(f"'{param}' must be a finite number", param)
+    if abs(v) > MAX_ABS:
+        raise bad_request(f"'{param}' must be between -{MAX_ABS:g} and {MAX_ABS:g}", param)
     return v
 
 
@@ -95,7 +101,9 @@ def normalize(
     """(value as stored, reward in [-1, 1], scale_min, scale_max) for a rating.
 
     Linear onto [-1, 1]: ``binary`` down/up -> -1/1; ``stars-5`` 1..5 -> -1..1;
-    ``scalar`` min..max (default 0..1) -> -1..1. Out of range -> 422.
+    ``scalar`` min..max (default 0..1) -> -1..1. Out of range -> 422. Value, min and
+    max must be finite and within +-1e15 (400), so the arithmetic cannot overflow and
+    no NaN can become a reward.
     """
     scale = canonical_scale(scale)
     if scale != "scalar" and (lo is not None or hi is not None):
@@ -137,10 +145,13 @@ def normalize(
             "(or send 'min' and 'max')",
             "value",
         )
-    return v, _clip(2.0 * (v - low) / (high - low) - 1.0), low, high
+    return v, _clip(2.0 * ((v - low) / (high - low)) - 1.0), low, high
 
 
 def _clip(x: float) -> float:
+    """``x`` limited to [-1, 1]; a NaN is a 400, never a reward."""
+    if math.isnan(x):
+        raise bad_request("this rating does not map to a reward; check 'value', 'min', 'max'")
     return max(-1.0, min(1.0, x))
 
 
@@ -292,13 +303,21 @@ def _find_interaction(db: Session, scope: Scope, ref: str) -> Target | None:
     return None
 
 
+def find_interaction(factory: sessionmaker[Session], scope: Scope, ref: str) -> Target | None:
+    """The interaction (or group) ``ref`` if it is committed and the caller may see it."""
+    with factory() as db:
+        return _find_interaction(db, scope, ref)
+
+
 def resolve_target(
     factory: sessionmaker[Session], scope: Scope, target: str, ref: str | None, wait_s: float
 ) -> Target:
     """The row a feedback names; 404 (the same for missing and not visible) otherwise.
 
     An interaction id may name a row the recorder has not committed yet (the client got
-    the response a moment ago): it is looked up again for up to ``wait_s`` seconds.
+    the response a moment ago): it is looked up again for up to ``wait_s`` seconds. The
+    gateway's routes pass 0 after waiting asynchronously (gateway.waits.locate); only
+    in-process callers outside the event loop (verifiers) block here.
     """
     if target == "latest":
         with factory() as db:

@@ -14,8 +14,15 @@ from sqlalchemy import and_, or_, select
 
 from gateway.auth import require_kind
 from gateway.errors import APIError, bad_request
-from gateway.feedback import Scope, feedback_json, parse_feedback, submit_feedback
+from gateway.feedback import (
+    Scope,
+    feedback_json,
+    find_interaction,
+    parse_feedback,
+    submit_feedback,
+)
 from gateway.routing import gw_of, principal, read_json
+from gateway.waits import locate, until_committed
 from schemas.convert import to_record
 from schemas.tables import FeedbackRow, InteractionRow, SessionRow
 
@@ -31,9 +38,15 @@ async def post_feedback(request: Request) -> JSONResponse:
     p = await principal(request)
     require_kind(p, "agent", "feedback", "admin")
     inp = parse_feedback(await read_json(request))
-    fb, replayed = await asyncio.to_thread(
-        submit_feedback, gw.factory, inp, principal=p, flush=gw.recorder.flush
-    )
+    if inp.target == "interaction" and inp.ref is not None:
+        # wait for the recorder on the event loop, not in a worker thread; an id that is
+        # neither stored nor being recorded gets its 404 from submit_feedback at once
+        scope = Scope.of(p)
+        ref = inp.ref
+        await locate(request, p.key_id, ref, lambda: find_interaction(gw.factory, scope, ref))
+    elif inp.target == "latest":
+        await until_committed(gw.recorder, p.session_id)
+    fb, replayed = await asyncio.to_thread(submit_feedback, gw.factory, inp, principal=p, wait_s=0)
     headers = {"Idempotent-Replayed": "true"} if replayed else {}
     return JSONResponse(fb, headers=headers)
 
@@ -135,7 +148,7 @@ async def get_session(session_id: str, request: Request) -> dict[str, Any]:
     p = await principal(request)
     require_kind(p, "agent", "admin")
     scope = Scope.of(p)
-    await asyncio.to_thread(gw.recorder.flush, 2.0)
+    await until_committed(gw.recorder, session_id)
 
     def run() -> dict[str, Any]:
         with gw.factory() as db:

@@ -4,6 +4,14 @@ A secret is ``rlg_<kind>_<43 url-safe chars>`` (256 random bits). Only its SHA-2
 stored: with 256 bits of entropy a slow password hash adds nothing, and a plain hash
 lets lookup be one indexed equality query on the hash, which takes the same time
 whatever the secret is (no prefix scan, no per-character comparison of secrets).
+
+The stored ``prefix`` (shown in key lists) is at most 8 characters and never more than a
+quarter of the secret, so a list never reveals a key. Keys minted by another key
+(``POST /v1/sessions``, ``/rl/start_session``) record it as ``parent_key_id``: revoking the
+parent revokes them, and :func:`lookup_key` also refuses a key whose parent (or its
+parent's parent) is revoked. A session-bound key stops authenticating once its session
+has been closed for longer than the grace period (late feedback on the ended session
+is still accepted within it; model calls on a closed session are refused anyway).
 """
 
 from __future__ import annotations
@@ -18,9 +26,11 @@ from sqlalchemy.orm import Session
 
 from schemas.atdp import KeyKind
 from schemas.coltypes import utcnow
-from schemas.tables import ApiKeyRow, AuditEventRow, ProjectRow
+from schemas.tables import ApiKeyRow, AuditEventRow, ProjectRow, SessionRow
 
-PREFIX_LEN = 12
+PREFIX_MAX = 8  # characters of a secret a key list may show
+MIN_CHOSEN_LEN = 32  # minimum length of a caller-chosen key (AReaL's api_key)
+MAX_PARENT_DEPTH = 8
 
 
 def new_id(prefix: str) -> str:
@@ -29,6 +39,11 @@ def new_id(prefix: str) -> str:
 
 def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def display_prefix(secret: str) -> str:
+    """What a key list shows of a secret: at most 8 characters and at most a quarter."""
+    return secret[: min(PREFIX_MAX, len(secret) // 4)]
 
 
 def generate_secret(kind: KeyKind | str) -> str:
@@ -51,9 +66,11 @@ def create_key(
     *,
     name: str | None = None,
     session_id: str | None = None,
+    parent_key_id: str | None = None,
     actor: str = "cli",
 ) -> tuple[ApiKeyRow, str]:
-    """Create a key; returns the row and the secret (shown once, never stored)."""
+    """Create a key; returns the row and the secret (shown once, never stored).
+    ``parent_key_id``: the key that minted it (revoking that one revokes this one)."""
     ensure_project(db, project_id)
     secret = generate_secret(kind)
     row = ApiKeyRow(
@@ -61,9 +78,10 @@ def create_key(
         project_id=project_id,
         kind=KeyKind(kind).value,
         key_hash=hash_secret(secret),
-        prefix=secret[:PREFIX_LEN],
+        prefix=display_prefix(secret),
         name=name,
         session_id=session_id,
+        parent_key_id=parent_key_id,
         created_at=utcnow(),
     )
     db.add(row)
@@ -72,13 +90,44 @@ def create_key(
     return row, secret
 
 
-def lookup_key(db: Session, secret: str, *, touch: bool = False) -> ApiKeyRow | None:
-    """The active key with this secret, or None (unknown or revoked)."""
+def find_key(db: Session, secret: str) -> ApiKeyRow | None:
+    """The key row with this secret, whatever its state (revoked, parent, session)."""
     digest = hash_secret(secret)
     row = db.scalars(select(ApiKeyRow).where(ApiKeyRow.key_hash == digest)).one_or_none()
-    if row is None or row.revoked_at is not None:
+    if row is None or not hmac.compare_digest(row.key_hash, digest):  # defence in depth
         return None
-    if not hmac.compare_digest(row.key_hash, digest):  # defence in depth
+    return row
+
+
+def key_usable(db: Session, row: ApiKeyRow, session_grace_s: float = 3600.0) -> bool:
+    """Whether a key may authenticate: not revoked, no revoked (or missing) parent up
+    its chain, and, for a session-bound key, its session not closed for longer than
+    ``session_grace_s`` seconds."""
+    if row.revoked_at is not None:
+        return False
+    if row.session_id is not None:
+        srow = db.get(SessionRow, row.session_id)
+        if srow is not None and srow.status != "open":
+            closed = srow.closed_at or srow.last_activity_at
+            if (utcnow() - closed).total_seconds() > session_grace_s:
+                return False
+    parent_id, depth = row.parent_key_id, 0
+    while parent_id is not None:
+        parent = db.get(ApiKeyRow, parent_id)
+        depth += 1
+        if parent is None or parent.revoked_at is not None or depth > MAX_PARENT_DEPTH:
+            return False
+        parent_id = parent.parent_key_id
+    return True
+
+
+def lookup_key(
+    db: Session, secret: str, *, touch: bool = False, session_grace_s: float = 3600.0
+) -> ApiKeyRow | None:
+    """The usable key with this secret, or None (unknown, revoked, revoked parent, or
+    session ended longer than ``session_grace_s`` ago)."""
+    row = find_key(db, secret)
+    if row is None or not key_usable(db, row, session_grace_s):
         return None
     if touch:
         row.last_used_at = utcnow()
@@ -86,12 +135,22 @@ def lookup_key(db: Session, secret: str, *, touch: bool = False) -> ApiKeyRow | 
 
 
 def revoke_key(db: Session, key_id: str, *, actor: str = "cli") -> ApiKeyRow | None:
+    """Revoke a key and every key it minted (their children too)."""
     row = db.get(ApiKeyRow, key_id)
     if row is None:
         return None
-    if row.revoked_at is None:
-        row.revoked_at = utcnow()
-        audit(db, actor, "key.revoke", row.project_id, "api_key", row.id, {})
+    now = utcnow()
+    todo, seen = [row], set()
+    while todo:
+        key = todo.pop()
+        if key.id in seen:
+            continue
+        seen.add(key.id)
+        if key.revoked_at is None:
+            key.revoked_at = now
+            details = {} if key is row else {"parent": row.id}
+            audit(db, actor, "key.revoke", key.project_id, "api_key", key.id, details)
+        todo.extend(db.scalars(select(ApiKeyRow).where(ApiKeyRow.parent_key_id == key.id)))
     return row
 
 

@@ -118,6 +118,47 @@ class Settings(BaseSettings):
         "older than this many days (daily trainer beat job; `rlgate retention`). Unset: keep.",
     )
 
+    # ---- limits and exposure (gateway/ratelimit.py, docs/gateway.md "Limits") ----------
+    rate_limit_rps: float = Field(
+        100.0, gt=0, description="Requests per second per key (token bucket refill)."
+    )
+    rate_limit_burst: float = Field(
+        400.0, ge=1, description="Requests a key may send at once before the per-second rate."
+    )
+    feedback_rate_per_s: float = Field(
+        50.0, gt=0, description="Feedback posts (/feedback, /rl/set_reward) per second per key."
+    )
+    feedback_burst: float = Field(200.0, ge=1, description="Feedback posts a key may send at once.")
+    max_concurrent_per_key: int = Field(
+        128, ge=1, description="Model calls (streams included) one key may have running."
+    )
+    login_rate_per_min: float = Field(
+        10.0, gt=0, description="Failed dashboard logins per minute per client IP (429 past it)."
+    )
+    ratelimit_url: str = Field(
+        "",
+        description="Redis URL for limits shared by every replica; empty: the broker URL "
+        "if it is redis://, else in-process buckets (one gateway process).",
+    )
+    session_key_grace_s: float = Field(
+        3600.0,
+        ge=0,
+        description="How long a session-bound key keeps working after its session ended "
+        "(late feedback); model calls on an ended session are refused at once.",
+    )
+    unknown_id_wait_s: float = Field(
+        0.5,
+        ge=0,
+        le=10,
+        description="How long an id neither stored nor pending in this process is looked "
+        "up again (another replica may still be recording it), asynchronously.",
+    )
+    waits_per_key: int = Field(
+        8, ge=0, description="Such lookups one key may have waiting at once; more get 404 at once."
+    )
+    metrics_public: bool = Field(False, description="Serve /metrics without an admin key.")
+    docs_public: bool = Field(False, description="Serve /openapi.json without an admin key.")
+
     @classmethod
     def settings_customise_sources(
         cls,

@@ -70,6 +70,9 @@ class ApiKeyRow(Base):
     prefix: Mapped[str] = mapped_column(String(16))
     name: Mapped[str | None] = mapped_column(String(200))
     session_id: Mapped[str | None] = mapped_column(ID)
+    # the key that minted this one (POST /v1/sessions, /rl/start_session); revoking it
+    # revokes this one
+    parent_key_id: Mapped[str | None] = mapped_column(ID, index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

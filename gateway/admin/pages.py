@@ -8,6 +8,7 @@ own pre-login token. Forms answer with a 303 back to the page, ``?msg=`` or ``?e
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 import time
 import urllib.parse
@@ -43,6 +44,7 @@ from gateway.admin.params import (
 from gateway.admin.render import HERE, html, render
 from gateway.admin_actions import ActionError
 from gateway.errors import APIError
+from gateway.ratelimit import limiter_for, settings_of
 from gateway.routing import gw_of
 
 router = APIRouter(include_in_schema=False)
@@ -158,6 +160,12 @@ async def login_page(request: Request) -> Response:
 
 @router.post("/admin/login")
 async def login(request: Request) -> Response:
+    """Check an admin key and set the session cookie. Failed attempts (a wrong or
+    non-admin key) are rate limited per client IP (``RLGATE_LOGIN_RATE_PER_MIN``, default
+    10 a minute): past it every attempt is a 429 with Retry-After, right key or not."""
+    limited = await login_limited(request)
+    if limited is not None:
+        return limited
     form = await read_form(request)
     secret = signing_secret(request)
     pre = unsign(secret, request.cookies.get(PRE_COOKIE))
@@ -165,20 +173,22 @@ async def login(request: Request) -> Response:
         return html(render(request, "error.html", None, message="CSRF token missing or wrong"), 403)
     nxt = _safe_next(form.get("next"))
 
-    def fail(message: str, status: int) -> Response:
+    async def fail(message: str, status: int) -> Response:
+        if status in (401, 403):  # a guessed key: spend one of this IP's attempts
+            await login_limited(request, take=True)
         return html(
             render(request, "login.html", None, pre=pre["t"], next=nxt, error=message), status
         )
 
     key = form.get("key", "").strip()
     if not key:
-        return fail("enter an admin key", 400)
+        return await fail("enter an admin key", 400)
     try:
         p = await asyncio.to_thread(gw_of(request).auth.resolve, key)
     except APIError:
-        return fail("unknown or revoked key", 401)
+        return await fail("unknown or revoked key", 401)
     if p.kind != "admin":
-        return fail(f"this is a {p.kind} key; the dashboard needs an admin key", 403)
+        return await fail(f"this is a {p.kind} key; the dashboard needs an admin key", 403)
     payload = {"k": p.key_id, "c": secrets.token_urlsafe(24), "exp": time.time() + SESSION_TTL_S}
     resp = RedirectResponse(nxt, status_code=303)
     resp.set_cookie(
@@ -191,6 +201,22 @@ async def login(request: Request) -> Response:
         path="/admin",
     )
     resp.delete_cookie(PRE_COOKIE, path="/admin")
+    return resp
+
+
+async def login_limited(request: Request, take: bool = False) -> Response | None:
+    """The 429 page when this client IP has used its failed login attempts, else None.
+    ``take``: count one failed attempt."""
+    per_min = settings_of(request.app).login_rate_per_min
+    ip = request.client.host if request.client else "unknown"
+    limiter = limiter_for(request.app)
+    wait = await limiter.take("login:" + ip, per_min / 60.0, per_min, peek=not take)
+    if wait <= 0 or take:
+        return None
+    seconds = max(1, math.ceil(wait))
+    message = f"too many login attempts from this address; try again in {seconds} s"
+    resp = html(render(request, "error.html", None, message=message), 429)
+    resp.headers["Retry-After"] = str(seconds)
     return resp
 
 
