@@ -168,7 +168,8 @@ def keys_list(project: str | None, show_all: bool) -> None:
 @click.argument("key_id")
 @clean_errors
 def keys_revoke(key_id: str) -> None:
-    """Revoke a key by id; it stops working at once."""
+    """Revoke a key by id, and every key it minted (session keys from POST /v1/sessions
+    or /rl/start_session); they stop working within 2 s."""
     from gateway.db import transaction
     from gateway.keys import revoke_key
 
