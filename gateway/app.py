@@ -36,6 +36,7 @@ from gateway.routing import gw_of, headers_for, principal, read_json
 from gateway.service import Pipeline, ServingPolicy, open_stream
 from gateway.sessions import SessionStore, new_session_id
 from gateway.settings import ConfigError, Settings, get_settings
+from gateway.storable import bounded_str
 from gateway.templating import ChatRenderer, load_tokenizer
 from schemas.coltypes import utcnow
 from schemas.tables import SessionRow
@@ -98,6 +99,11 @@ def build_gateway(settings: Settings) -> Gateway:
         settings.data_dir / "spool",
         fsync=settings.spool_fsync,
         on_sessions_written=sessions.committed,
+        dead_letter_path=settings.data_dir / "dead_letters.jsonl",
+        on_dead_letter=metrics.dead_letters.inc,
+        backlog_max_bytes=int(settings.recording_backlog_max_mb * (1 << 20)),
+        replay_interval_s=settings.spool_replay_interval_s,
+        lag_alert_s=settings.recording_lag_alert_s,
     )
     pipeline = Pipeline(
         renderer=renderer,
@@ -201,13 +207,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         gw = gw_of(request)
         engines = await gw.engines.health()
         ok = any(engines.values())
+        # 503 when no call can succeed (no engine, recording backlog full); 200 otherwise,
+        # "degraded" with reasons when recording lags or records were dead-lettered
+        reasons = ([] if ok else ["no engine answers"]) + gw.recorder.problems()
+        full = gw.recorder.backlog_bytes > gw.recorder.backlog_max_bytes
         return JSONResponse(
             {
-                "status": "ok" if ok else "degraded",
+                "status": "degraded" if reasons else "ok",
+                "reasons": reasons,
                 "engines": engines,
                 "recording_pending": gw.recorder.pending,
+                "recording_lag_s": round(gw.recorder.lag_seconds, 3),
+                "dead_letters": gw.recorder.dead_letters.count,
             },
-            status_code=200 if ok else 503,
+            status_code=200 if ok and not full else 503,
         )
 
     @app.get("/metrics")
@@ -217,6 +230,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         gw.metrics.recording_lag.set(gw.recorder.lag_seconds)
         gw.metrics.recording_pending.set(gw.recorder.pending)
         gw.metrics.recorded.set(gw.recorder.recorded_total)
+        gw.metrics.dead_letters_kept.set(gw.recorder.dead_letters.count)
+        gw.metrics.recording_backlog.set(gw.recorder.backlog_bytes)
         return Response(
             generate_latest(gw.metrics.registry), media_type="text/plain; version=0.0.4"
         )
@@ -233,6 +248,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         meta = body.get("metadata", {})
         if not isinstance(meta, dict):
             raise bad_request("metadata must be an object", "metadata")
+        fields = {k: bounded_str(body, k) for k in ("task_id", "agent_name", "external_id")}
 
         def create() -> tuple[str, str]:
             with gw.factory() as db, db.begin():
@@ -240,9 +256,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 row = SessionRow(
                     id=new_session_id(),
                     project_id=p.project_id,
-                    task_id=body.get("task_id"),
-                    agent_name=body.get("agent_name"),
-                    external_id=body.get("external_id"),
+                    task_id=fields["task_id"],
+                    agent_name=fields["agent_name"],
+                    external_id=fields["external_id"],
                     api_key_id=None,
                     status="open",
                     created_at=now,

@@ -10,6 +10,7 @@ from fastapi import Request
 
 from gateway.auth import Principal, presented_secret
 from gateway.errors import bad_request
+from gateway.storable import check_body, too_deep
 
 if TYPE_CHECKING:
     from gateway.app import Gateway
@@ -29,10 +30,14 @@ async def principal(request: Request) -> Principal:
 
 
 async def read_json(request: Request) -> Any:
+    """The JSON body, checked to be storable (gateway.storable); 400 otherwise."""
     try:
-        return json.loads(await request.body())
+        body = json.loads(await request.body())
     except ValueError:
         raise bad_request("the request body is not valid JSON") from None
+    except RecursionError:
+        raise too_deep() from None
+    return check_body(body)
 
 
 def headers_for(prep: Prepared) -> dict[str, str]:

@@ -210,6 +210,7 @@ class Pipeline:
     async def prepare(self, p: Principal, req: GenerationRequest, prefix: str) -> Prepared:
         if p.kind not in ("agent", "admin"):
             raise APIError(403, f"a {p.kind} key cannot call models; use an agent key")
+        self.recorder.admit()  # 503 while the recording backlog is over its cap
         await self._ensure_context()
         _, ids = self.renderer.render(req.messages, req.tools, req.chat_template_kwargs)
         ctx_len = self.renderer.context_length

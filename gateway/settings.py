@@ -98,6 +98,20 @@ class Settings(BaseSettings):
         "loss; costs a disk flush per request batch). Off: records reach the spool file "
         "before the response is sent, which survives a gateway crash or kill.",
     )
+    recording_backlog_max_mb: float = Field(
+        256.0,
+        gt=0,
+        description="Most MiB of records that may wait for the database (in memory and the "
+        "spool); over it, new model calls get 503 until recording catches up.",
+    )
+    recording_lag_alert_s: float = Field(
+        60.0, gt=0, description="/health says degraded when recording lags more than this."
+    )
+    spool_replay_interval_s: float = Field(
+        60.0,
+        gt=0,
+        description="How often spool segments left by dead gateway processes are replayed.",
+    )
 
     # ---- data protection (gateway/redaction.py, trainer/retention.py, docs/data-protection.md)
     redact: bool = Field(

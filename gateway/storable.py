@@ -11,6 +11,7 @@ taken from the request (``bounded_str``, ``check_session_fields``). The limits c
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -54,6 +55,12 @@ def check_body(body: Any) -> Any:
         if isinstance(node, str):
             if _UNSTORABLE.search(node):
                 raise _bad_char(_path(path), node)
+            if node.count("[") + node.count("{") > MAX_DEPTH and _deep_json_text(node):
+                raise bad_request(
+                    f"{_path(path)} holds JSON nested more than {MAX_DEPTH} levels deep; "
+                    "flatten it",
+                    _path(path),
+                )
             continue
         if not isinstance(node, dict | list):
             continue
@@ -67,6 +74,31 @@ def check_body(body: Any) -> Any:
         else:
             stack.extend((v, (*path, i)) for i, v in enumerate(node))
     return body
+
+
+def _too_deep(obj: Any) -> bool:
+    stack = [(obj, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            if depth >= MAX_DEPTH:
+                return True
+            items = node.values() if isinstance(node, dict) else node
+            stack.extend((v, depth + 1) for v in items)
+    return False
+
+
+def _deep_json_text(text: str) -> bool:
+    """Whether a string (tool-call arguments, say) is JSON nested past ``MAX_DEPTH``:
+    rendering the prompt and stitching sessions parse such strings."""
+    if not text.lstrip().startswith(("[", "{")):
+        return False
+    try:
+        return _too_deep(json.loads(text))
+    except RecursionError:
+        return True
+    except ValueError:
+        return False
 
 
 def bounded_str(body: dict[str, Any], name: str, limit: int = SESSION_FIELD_MAX) -> str | None:

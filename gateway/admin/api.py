@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from gateway import admin_actions as actions
 from gateway.admin import queries
 from gateway.admin.auth import api_ctx, project_for
-from gateway.admin.ops import db, decoder, do_action
+from gateway.admin.ops import db, decoder, do_action, recording_status
 from gateway.admin.params import (
     feedback_filters,
     int_param,
@@ -72,7 +72,9 @@ async def _json_body(request: Request) -> dict[str, Any]:
 async def api_overview(request: Request) -> JSONResponse:
     ctx = await api_ctx(request)
     hours = int_param(request, "hours", 24, 1, 24 * 14)
-    return JSONResponse(queries.jsonable(await db(request, queries.overview, ctx.scope, hours)))
+    ov = await db(request, queries.overview, ctx.scope, hours)
+    ov["recording"] = recording_status(request)
+    return JSONResponse(queries.jsonable(ov))
 
 
 @router.get("/admin/api/sessions")

@@ -26,6 +26,18 @@ async def db(request: Request, fn: Any, *args: Any, **kw: Any) -> Any:
     return await asyncio.to_thread(work)
 
 
+def recording_status(request: Request) -> dict[str, Any]:
+    """This gateway's recording figures: records waiting for the database, its lag, and
+    the records the database refused (kept in the dead-letter file)."""
+    rec = gw_of(request).recorder
+    return {
+        "pending": rec.pending,
+        "lag_s": round(rec.lag_seconds, 1),
+        "dead_letters": rec.dead_letters.count,
+        "dead_letter_file": str(rec.dead_letters.path),
+    }
+
+
 def decoder(request: Request) -> Any:
     """The policy tokenizer's ``decode``, or None when the gateway has no tokenizer."""
     tok = getattr(gw_of(request), "tokenizer", None)

@@ -32,7 +32,7 @@ from gateway.admin.auth import (
     signing_secret,
     unsign,
 )
-from gateway.admin.ops import db, decoder, do_action
+from gateway.admin.ops import db, decoder, do_action, recording_status
 from gateway.admin.params import (
     feedback_filters,
     key_filters,
@@ -249,6 +249,7 @@ async def overview_page(request: Request) -> Response:
     if isinstance(ctx, Response):
         return ctx
     ov = await db(request, queries.overview, ctx.scope)
+    ov["recording"] = recording_status(request)
     return html(render(request, "overview.html", ctx, ov=ov, charts=_overview_charts(ov)))
 
 

@@ -99,9 +99,7 @@ def _segment(spool: Path, entries: list[dict], extra: bytes = b"") -> Path:
 def test_start_up_replays_a_poisoned_segment_without_failing(db_url, factory, tmp_path):
     good = [entry() for _ in range(3)]
     bad = _bad_entries(db_url)
-    path = _segment(
-        tmp_path / "spool", [good[0], bad[0], good[1], *bad[1:], good[2]], b'{"torn'
-    )
+    path = _segment(tmp_path / "spool", [good[0], bad[0], good[1], *bad[1:], good[2]], b'{"torn')
     with path.open("r+b") as fh:  # a corrupt line in the middle is kept too, as raw text
         data = fh.read().replace(b"\n", b"\nnot json\n", 1)
         fh.seek(0)

@@ -28,7 +28,7 @@ def _old_prefix_hashes(messages: list[Message]) -> list[str]:
 
 def _random_message(rng: random.Random) -> Message:
     role = rng.choice(["system", "user", "assistant", "tool", "assistant"])
-    alphabet = "ab c,[]{}\"\\\n\té😀ü:"
+    alphabet = 'ab c,[]{}"\\\n\té😀ü:'
     content = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
     calls = []
     if role == "assistant" and rng.random() < 0.4:
@@ -100,6 +100,21 @@ def test_depth_limit():
     with pytest.raises(APIError) as e:
         check_body({"x": deep})
     assert e.value.status == 400 and "nested more than" in e.value.message
+
+
+def test_json_text_nested_too_deep_is_a_400():
+    deep_args = "[" * 5000 + "]" * 5000  # json.loads of it raises RecursionError
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": deep_args}}
+    body = {"messages": [{"role": "assistant", "tool_calls": [call]}]}
+    with pytest.raises(APIError) as e:
+        check_body(body)
+    assert "messages[0].tool_calls[0].function.arguments" in e.value.message
+    assert "nested more than" in e.value.message
+    mid = json.dumps({"a": json.loads("[" * 100 + "]" * 100)})
+    with pytest.raises(APIError):
+        check_body({"arguments": mid})
+    fine = json.dumps([[1, 2]] * 200) + " and [[[ code {{{ " * 30
+    assert check_body({"content": fine, "arguments": json.dumps([[1, 2]] * 200)})
 
 
 def test_plain_bodies_pass_unchanged():
