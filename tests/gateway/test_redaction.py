@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 
 import pytest
+from click.testing import CliRunner
 from pydantic import ValidationError
 from sqlalchemy import text, update
 
+from gateway.cli import main
 from gateway.db import transaction
 from gateway.keys import create_key
 from gateway.redaction import (
@@ -26,7 +26,7 @@ from gateway.redaction import (
     Redactor,
     check_pattern,
 )
-from gateway.settings import Settings
+from gateway.settings import Settings, get_settings
 from schemas.tables import InteractionRow, ProjectRow
 from tests.gateway.helpers import run_in_fresh_loop, wait_recorded
 from trainer.data import count_trainable, select_samples
@@ -139,11 +139,10 @@ def test_custom_pattern_and_config_error_in_cli(monkeypatch):
     counts: Counter[str] = Counter()
     assert r.text("ticket ACME-123456", counts) == "ticket [REDACTED:custom]"
     monkeypatch.setenv("RLGATE_REDACT_PATTERNS", json.dumps(["(a+)+"]))
-    done = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "config"], capture_output=True, text=True
-    )
-    assert done.returncode == 2
-    assert "redaction pattern '(a+)+'" in done.stderr and "Traceback" not in done.stderr
+    get_settings.cache_clear()
+    done = CliRunner().invoke(main, ["config"])
+    assert done.exit_code == 2
+    assert "redaction pattern '(a+)+'" in done.output and "Traceback" not in done.output
 
 
 def test_bad_project_patterns_fail_closed():
