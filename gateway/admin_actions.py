@@ -91,8 +91,10 @@ def update_training_settings(
     factory: sessionmaker[Session], project_id: str, changes: dict[str, Any], actor: str
 ) -> dict[str, Any]:
     """Merge ``changes`` into the project's training overrides (a null value removes an
-    override); the result must be a valid TrainConfig, else nothing changes (400)."""
+    override); the result must be a valid TrainConfig (types, the bounds table, the
+    eval gate's schema, a registered gate verifier), else nothing changes (400)."""
     from trainer.config import TrainConfig, TrainConfigError
+    from trainer.eval_gate import require_registered
 
     with transaction(factory) as db:
         project = _project(db, project_id)
@@ -104,7 +106,8 @@ def update_training_settings(
             else:
                 overrides[key] = value
         try:
-            TrainConfig.from_project_settings({"training": overrides})
+            cfg = TrainConfig.from_project_settings({"training": overrides})
+            require_registered(cfg.eval_gate)
         except (TrainConfigError, TypeError, ValueError) as e:
             raise ActionError(400, f"training settings not changed: {e}") from None
         settings["training"] = overrides

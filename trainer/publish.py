@@ -7,9 +7,10 @@
   the new one -> ``serving``, plus an AuditEvent (``adapter.promote`` / ``adapter.rollback``).
 - ``unload_everywhere``: afterwards, ``POST /unload_lora_adapter`` for the old name (the
   embedded engine waits for requests still using it); failures are logged, not fatal.
-- Optional eval gate (``training.eval_gate``): held-out prompts, greedy through the engine
-  with the new and the serving adapter, scored by a verifier; promote only if
-  ``new >= old - margin``.
+- Optional eval gate (``training.eval_gate``, schema in trainer/eval_gate.py): held-out
+  prompts, greedy through the engine with the new and the serving adapter, scored by a
+  registered verifier (by name); promote only if ``new >= serving - margin``. It fails
+  closed: a gate that cannot score (unknown or failing verifier) rejects the candidate.
 
 Every engine call sends ``headers``; by default the settings' ``engine_headers``
 (``Authorization: Bearer <RLGATE_ENGINE_API_KEY>`` when the engines run with ``--api-key``).
@@ -17,9 +18,7 @@ Every engine call sends ``headers``; by default the settings' ``engine_headers``
 
 from __future__ import annotations
 
-import importlib
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -30,6 +29,7 @@ from gateway.db import transaction
 from gateway.keys import audit
 from schemas.coltypes import utcnow
 from schemas.tables import PolicyVersionRow, TrainingRunRow
+from trainer.eval_gate import EvalGate, GateConfigError, GateError, resolve, score_output
 
 log = logging.getLogger("rlgate.trainer")
 TIMEOUT_S = 660.0  # the embedded engine's unload waits up to 600 s for running requests
@@ -127,10 +127,12 @@ def switch_serving(
     action: str,
     run_id: str | None = None,
     require_newer: bool = False,
+    details: dict[str, Any] | None = None,
 ) -> str | None:
     """Atomically make ``version_id`` the project's serving version; returns the name of
     the version it replaced (None if none). ``require_newer``: only if its version number
-    is above the serving one (a late publish retry never replaces a newer version)."""
+    is above the serving one (a late publish retry never replaces a newer version).
+    ``details`` are added to the audit event (a guard's reason and figures)."""
     with transaction(factory) as db:
         target = db.get(PolicyVersionRow, version_id)
         if target is None or target.project_id != project_id:
@@ -176,6 +178,7 @@ def switch_serving(
                 "version": target.version,
                 "previous": previous,
                 "run_id": run_id,
+                **(details or {}),
             },
         )
         return previous
@@ -184,46 +187,50 @@ def switch_serving(
 # ---- eval gate ----------------------------------------------------------------------
 
 
-def contains_answer(text: str, item: dict[str, Any]) -> float:
-    """Default verifier: 1 if the expected answer appears in the output."""
-    return 1.0 if str(item.get("answer", "")).strip().lower() in text.lower() else 0.0
-
-
-def _verifier(spec: str | None) -> Callable[[str, dict[str, Any]], float]:
-    if not spec:
-        return contains_answer
-    module, _, attr = spec.partition(":")
-    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
-
-
 def eval_score(
     engine_url: str,
     adapter: str | None,
-    gate: dict[str, Any],
+    gate: EvalGate,
     headers: dict[str, str] | None = None,
-) -> float:
-    verify = _verifier(gate.get("verifier"))
-    items = gate.get("prompts") or []
-    if not items:
-        return 0.0
-    total = 0.0
+    params: dict[str, Any] | None = None,
+) -> tuple[float, int]:
+    """(mean score, abstentions) of ``adapter`` (None: the base model) on the gate's
+    prompts: greedy ``/generate`` through the engine, each output scored by the gate's
+    registered verifier (an abstention scores 0). :class:`GateError` when the verifier
+    is missing, fails, or abstains on every prompt, or the engine refuses a prompt (4xx);
+    a transport error or 5xx is a :class:`PublishError` (retried by the next tick)."""
+    verify = resolve(gate.verifier)
+    total, abstained = 0.0, 0
     with _client(TIMEOUT_S, headers) as client:
-        for item in items:
+        for i, item in enumerate(gate.prompts):
             body: dict[str, Any] = {
                 "lora_path": adapter,
-                "sampling_params": {
-                    "temperature": 0,
-                    "max_new_tokens": int(gate.get("max_new_tokens", 32)),
-                },
+                "return_logprob": True,  # the verifier sees a complete Interaction
+                "sampling_params": {"temperature": 0, "max_new_tokens": gate.max_new_tokens},
             }
-            if "input_ids" in item:
-                body["input_ids"] = item["input_ids"]
+            if item.input_ids is not None:
+                body["input_ids"] = list(item.input_ids)
             else:
-                body["text"] = item["prompt"]
-            r = client.post(f"{engine_url}/generate", json=body)
-            r.raise_for_status()
-            total += float(verify(r.json()["text"], item))
-    return total / len(items)
+                body["text"] = item.prompt
+            try:
+                r = client.post(f"{engine_url}/generate", json=body)
+            except httpx.HTTPError as e:
+                raise PublishError(f"eval prompt {i}: {engine_url}: {type(e).__name__}: {e}") from e
+            if 400 <= r.status_code < 500:
+                raise GateError(f"the engine refused eval prompt {i}: {r.text[:300]}")
+            if r.status_code != 200:
+                raise PublishError(f"eval prompt {i}: {engine_url}: {r.status_code} {r.text[:300]}")
+            score = score_output(verify, gate.verifier, params or {}, i, item, adapter, r.json())
+            if score is None:
+                abstained += 1
+            else:
+                total += score
+    if abstained == len(gate.prompts):
+        raise GateError(
+            f"verifier {gate.verifier!r} abstained on every eval prompt (give each prompt an "
+            "'expected' value the verifier can check)"
+        )
+    return total / len(gate.prompts), abstained
 
 
 def eval_gate(
@@ -232,12 +239,40 @@ def eval_gate(
     serving: str | None,
     gate: dict[str, Any],
     headers: dict[str, str] | None = None,
+    *,
+    project_settings: dict[str, Any] | None = None,
 ) -> tuple[bool, dict[str, Any]]:
-    """(promote?, metrics). Off unless ``gate["enabled"]``."""
-    if not gate.get("enabled"):
+    """(promote?, metrics). Off unless ``gate["enabled"]``. Scores the new and the serving
+    adapter (None: the base model); promotes only if ``new >= serving - margin``. Fails
+    closed: settings that do not validate, an unknown verifier, a verifier that raises or
+    always abstains, or an engine refusing a prompt -> (False, ``{"eval_error": why}``).
+    The verifier's parameters come from the project's ``settings["verifiers"]`` only."""
+    try:
+        cfg = EvalGate.parse(gate)
+    except GateConfigError as e:
+        return False, {"eval_error": f"eval_gate settings invalid: {e}"}
+    if not cfg.enabled:
         return True, {}
-    new_score = eval_score(engine_url, new, gate, headers)
-    old_score = eval_score(engine_url, serving, gate, headers)
-    margin = float(gate.get("margin", 0.0))
-    ok = new_score >= old_score - margin
-    return ok, {"eval_new": new_score, "eval_serving": old_score, "eval_margin": margin}
+    from trainer.verifiers import project_params  # the worker's Celery app; not at import
+
+    params = project_params(project_settings, cfg.verifier)
+    metrics: dict[str, Any] = {
+        "eval_verifier": cfg.verifier,
+        "eval_prompts": len(cfg.prompts),
+        "eval_margin": cfg.margin,
+        "eval_serving_adapter": serving or "base",
+    }
+    try:
+        new_score, new_abstained = eval_score(engine_url, new, cfg, headers, params)
+        old_score, old_abstained = eval_score(engine_url, serving, cfg, headers, params)
+    except GateError as e:
+        log.warning("eval gate failed closed for %s: %s", new, e)
+        return False, {**metrics, "eval_error": str(e)}
+    ok = new_score >= old_score - cfg.margin
+    return ok, {
+        **metrics,
+        "eval_new": new_score,
+        "eval_serving": old_score,
+        "eval_abstained_new": new_abstained,
+        "eval_abstained_serving": old_abstained,
+    }

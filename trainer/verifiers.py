@@ -2,15 +2,19 @@
 
 A verifier is a function ``(ctx: VerifierContext, answer: Interaction) -> float | None``:
 a reward in [-1, 1] for one final answer, or None to abstain. Verifiers are found by
-name in :data:`VERIFIERS` (built in: ``exact_number``, ``command``) and in the Python
-entry point group ``rlgate.verifiers``.
+name only, in :data:`VERIFIERS` (built in: ``exact_number``, ``contains``, ``command``)
+and in the Python entry point group ``rlgate.verifiers``; no setting or metadata names a
+module or function to import. The same verifiers score the eval gate's held-out prompts
+(trainer/eval_gate.py).
 
 Which verifiers run for a session: the ones named in the session's metadata
 (``"verifier": "exact_number"``, or ``"verifiers": [...]``, each a name or an object
 ``{"name": ..., <params>}``), else the project's ``settings["verifiers"]``. Parameters
 from the project override the session's; the ``command`` verifier runs only commands
 configured in the project settings (an agent key can write session metadata, and must not
-be able to run commands on the workers).
+be able to run commands on the workers). Specs are checked (:func:`check_specs`: a known
+name, known parameters with bounds, at most :data:`MAX_SPECS`); an invalid spec is logged
+and skipped, never run.
 
 When a session closes, :func:`on_session_closed` re-runs credit assignment for it and,
 when a verifier is configured, enqueues :func:`verify_session`. The task scores the final
@@ -40,7 +44,9 @@ from schemas.atdp import Interaction
 from schemas.atdp import Session as SessionRecord
 from schemas.convert import to_record
 from schemas.tables import InteractionRow, ProjectRow, SessionRow
+from trainer import verifier_specs
 from trainer.celery_app import app
+from trainer.verifier_specs import MAX_SPECS, VerifierSpecError, check_spec
 
 log = logging.getLogger("rlgate.verifiers")
 
@@ -104,6 +110,15 @@ def exact_number(ctx: VerifierContext, answer: Interaction) -> float | None:
     return 1.0 if math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9) else -1.0
 
 
+def contains(ctx: VerifierContext, answer: Interaction) -> float | None:
+    """+1 when the expected text appears in the answer (case and surrounding whitespace
+    ignored), else -1; abstains when there is no expected value."""
+    expected = ctx.expected
+    if expected is None or not str(expected).strip():
+        return None
+    return 1.0 if str(expected).strip().lower() in (answer.output.text or "").lower() else -1.0
+
+
 def command(ctx: VerifierContext, answer: Interaction) -> float | None:
     """Runs ``command`` in ``cwd`` (project settings); exit status 0 -> +1, else -1, also
     on timeout (``timeout_s``, default 60). The answer is passed in the environment:
@@ -142,31 +157,56 @@ def command(ctx: VerifierContext, answer: Interaction) -> float | None:
     return 1.0 if rc == 0 else -1.0
 
 
-VERIFIERS: dict[str, Verifier] = {"exact_number": exact_number, "command": command}
+VERIFIERS: dict[str, Verifier] = {
+    "exact_number": exact_number,
+    "contains": contains,
+    "command": command,
+}
+
+
+def verifier_names() -> set[str]:
+    """The registered names: the built-ins and the ``rlgate.verifiers`` entry points (read
+    from the installed packages' metadata; nothing is imported)."""
+    return set(VERIFIERS) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def get_verifier(name: str) -> Verifier | None:
+    """The verifier registered as ``name`` (built-in first, then the entry point group);
+    None for any other string. Only installed entry points are ever loaded."""
+    if not isinstance(name, str):
+        return None
     if name in VERIFIERS:
         return VERIFIERS[name]
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == name:
-            return ep.load()
+            return ep.load()  # type: ignore[no-any-return]
     return None
 
 
 # ---- which verifiers run ---------------------------------------------------------------------
 
 
-def _specs(raw: Any) -> list[dict[str, Any]]:
+def check_specs(raw: Any, where: str = "verifiers") -> list[dict[str, Any]]:
+    """Validate a whole ``verifiers`` setting against the registered names (see
+    trainer/verifier_specs.py); raises :class:`VerifierSpecError` on the first bad spec."""
+    return verifier_specs.check_specs(raw, where, verifier_names())
+
+
+def _specs(raw: Any, where: str) -> list[dict[str, Any]]:
+    """The valid specs of a setting (the first :data:`MAX_SPECS`); an invalid one is
+    logged and left out, never run."""
     if raw is None:
         return []
     items = raw if isinstance(raw, list) else [raw]
+    if len(items) > MAX_SPECS:
+        log.warning("%s: only the first %d of %d verifiers run", where, MAX_SPECS, len(items))
+    known = verifier_names()
     out = []
-    for item in items:
-        if isinstance(item, str):
-            out.append({"name": item})
-        elif isinstance(item, dict) and isinstance(item.get("name"), str):
-            out.append(dict(item))
+    for i, item in enumerate(items[:MAX_SPECS]):
+        try:
+            out.append(check_spec(item, f"{where}[{i}]", known))
+        except VerifierSpecError as e:
+            log.warning("verifier not run: %s", e)
     return out
 
 
@@ -174,17 +214,33 @@ def configured_verifiers(
     project_settings: dict[str, Any], session_meta: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """The verifier specs for a session (each ``{"name": ..., <params>}``)."""
-    project = {s["name"]: s for s in _specs(project_settings.get("verifiers"))}
-    named = _specs(session_meta.get("verifiers")) or _specs(session_meta.get("verifier"))
+    project = {s["name"]: s for s in _specs(project_settings.get("verifiers"), "verifiers")}
+    named = []
+    for key in ("verifiers", "verifier"):
+        raw = session_meta.get(key)
+        if isinstance(raw, dict):  # drop trusted-only keys before they are checked
+            raw = {k: v for k, v in raw.items() if k not in TRUSTED_ONLY.get(raw.get("name"), ())}
+        elif isinstance(raw, list):
+            raw = [
+                {k: v for k, v in s.items() if k not in TRUSTED_ONLY.get(s.get("name"), ())}
+                if isinstance(s, dict)
+                else s
+                for s in raw
+            ]
+        named = _specs(raw, f"session metadata {key}")
+        if named:
+            break
     if not named:
         return list(project.values())
-    out = []
-    for spec in named:
-        name = spec["name"]
-        for key in TRUSTED_ONLY.get(name, ()):
-            spec.pop(key, None)
-        out.append({**spec, **project.get(name, {})})
-    return out
+    return [{**spec, **project.get(spec["name"], {})} for spec in named]
+
+
+def project_params(project_settings: dict[str, Any] | None, name: str) -> dict[str, Any]:
+    """The project's parameters for verifier ``name`` (``settings["verifiers"]``), if any."""
+    specs = _specs((project_settings or {}).get("verifiers"), "verifiers")
+    return next(
+        ({k: v for k, v in s.items() if k != "name"} for s in specs if s["name"] == name), {}
+    )
 
 
 # ---- running --------------------------------------------------------------------------------
