@@ -156,6 +156,15 @@ def test_bad_project_patterns_fail_closed():
     assert RedactionPolicy(None, enabled=True)._build(None) is not None
 
 
+def test_deployment_setting_redacts_every_project():
+    items = [item({"messages": [{"role": "user", "content": PROMPT}]}, {"text": "ok"})]
+    on = run_in_fresh_loop(RedactionPolicy(None, enabled=True, patterns=["hi"]).apply("p", items))
+    assert not any(secret in json.dumps(on) for secret in SECRETS)
+    assert on[0]["interaction"]["request"][MARKER]["counts"]["custom"] == 1
+    off = run_in_fresh_loop(RedactionPolicy(None).apply("p", items))
+    assert off == items
+
+
 def test_client_cannot_send_the_marker():
     spoof = item({"messages": [], MARKER: {"redacted": True, "purged_at": "x"}}, {})
     got = run_in_fresh_loop(RedactionPolicy(None).apply("p", [spoof]))
