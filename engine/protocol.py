@@ -76,9 +76,6 @@ class SamplingParamsIn(BaseModel):
             "presence_penalty": (self.presence_penalty, 0.0),
             "repetition_penalty": (self.repetition_penalty, 1.0),
             "min_new_tokens": (self.min_new_tokens, 0),
-            "regex": (self.regex, None),
-            "json_schema": (self.json_schema, None),
-            "ebnf": (self.ebnf, None),
             "structural_tag": (self.structural_tag, None),
             "logit_bias": (self.logit_bias or None, None),
         }
@@ -86,6 +83,15 @@ class SamplingParamsIn(BaseModel):
             if value != neutral:
                 raise ValueError(f"{name} is not supported by the embedded engine; omit it")
         return self
+
+    def constraint(self) -> tuple[str, str] | None:
+        """The grammar constraint (``json_schema`` | ``regex`` | ``ebnf``, its text), if any."""
+        given = [(k, v) for k in ("json_schema", "regex", "ebnf") if (v := getattr(self, k))]
+        if len(given) > 1:
+            raise ProtocolError(
+                f"only one of json_schema, regex and ebnf may be set (got {[k for k, _ in given]})"
+            )
+        return given[0] if given else None
 
     def to_params(self) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

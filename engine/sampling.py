@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.grammar import Constraint
+
 
 def return_original_logprob() -> bool:
     return os.environ.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "false").lower() in ("1", "true")
@@ -36,6 +38,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
     seed: int | None = None
+    grammar: str | None = None  # a compiled llguidance grammar (engine/grammar.py), or None
 
     @property
     def greedy(self) -> bool:
@@ -54,11 +57,17 @@ def sample_batch(
     params: list[SamplingParams],
     generators: list[torch.Generator],
     top_logprobs_num: list[int],
+    constraints: list[Constraint | None] | None = None,
 ) -> list[SampledToken]:
-    """Sample one token per row of ``logits`` ``(B, V)`` (float32)."""
-    temps = torch.tensor(
-        [1.0 if p.greedy else p.temperature for p in params], dtype=logits.dtype
-    )[:, None]
+    """Sample one token per row of ``logits`` ``(B, V)`` (float32). A row with a grammar
+    ``constraint`` is masked first (its logprobs are those of the masked distribution, as
+    in SGLang), and the drawn token is fed to the constraint."""
+    for row, c in enumerate(constraints or ()):
+        if c is not None:
+            c.mask_(logits[row])
+    temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], dtype=logits.dtype)[
+        :, None
+    ]
     scaled = logits / temps
     logprobs = torch.log_softmax(scaled, dim=-1)
     reported = torch.log_softmax(logits, dim=-1) if return_original_logprob() else logprobs
@@ -72,6 +81,9 @@ def sample_batch(
             values, ids = torch.topk(reported[row], top_logprobs_num[row])
             top = [(float(v), int(i)) for v, i in zip(values, ids, strict=True)]
         out.append(SampledToken(token, float(reported[row, token]), top))
+    for c, tok in zip(constraints or (), out, strict=False):
+        if c is not None:
+            c.accept(tok.token_id)
     return out
 
 

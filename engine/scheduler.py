@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from engine.grammar import Constraint
 from engine.llama import KVCache, LlamaModel
 from engine.lora import AdapterRegistry, LoraAdapter, LoraBatch
 from engine.prefix_cache import Donor, PrefixCache, longest_prefix
@@ -57,6 +58,7 @@ class Request:
     slot: int = -1
     cached_tokens: int = 0  # prompt positions copied from another slot, not recomputed
     generator: torch.Generator = field(default_factory=torch.Generator)
+    constraint: Constraint | None = None  # grammar state (structured output), per sequence
 
     def __post_init__(self) -> None:
         # Seeded here, while the request is built (before it holds an adapter), so a seed
@@ -209,6 +211,7 @@ class Scheduler:
                 [r.params for r in reqs],
                 [r.generator for r in reqs],
                 [r.top_logprobs_num for r in reqs],
+                [r.constraint for r in reqs],
             )
         except Exception:
             log.error("prefill of %d request(s) failed:\n%s", len(reqs), traceback.format_exc())
@@ -231,6 +234,7 @@ class Scheduler:
             [r.params for r in running],
             [r.generator for r in running],
             [r.top_logprobs_num for r in running],
+            [r.constraint for r in running],
         )
         self.steps += 1
         for req, tok in zip(list(running), sampled, strict=True):

@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from engine import scheduler as sched
 from engine.auth import ApiKeyMiddleware
+from engine.grammar import GrammarCompiler, GrammarError
 from engine.llama import LlamaModel
 from engine.lora import (
     DEFAULT_TARGET_MODULES,
@@ -87,6 +88,7 @@ class Engine:
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
         self.model = LlamaModel(self.model_dir, dtype=dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        self.grammars = GrammarCompiler(self.tokenizer, self.model.cfg.vocab_size)
         eos: set[int] = set()
         if self.tokenizer.eos_token_id is not None:
             eos.add(int(self.tokenizer.eos_token_id))
@@ -160,6 +162,12 @@ class Engine:
                 )
             if item.top_logprobs_num > vocab:
                 raise ProtocolError(f"top_logprobs_num must be <= {vocab}")
+            constraint = item.params.constraint()
+            if constraint is not None:
+                try:
+                    params = replace(params, grammar=self.grammars.grammar(*constraint))
+                except GrammarError as e:
+                    raise ProtocolError(str(e)) from None
             specs.append((item, ids, params))
         requests: list[sched.Request] = []
         try:
@@ -177,6 +185,8 @@ class Engine:
                         return_text_in_logprobs=text_in_logprobs,
                         stream=stream,
                     )
+                    if params.grammar is not None:
+                        req.constraint = self.grammars.constraint(params.grammar)
                     requests.append(req)  # before acquiring, so an error releases it
                     if item.lora_name:
                         req.adapter = self.registry.acquire(item.lora_name)

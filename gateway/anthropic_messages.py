@@ -6,6 +6,8 @@ bad value came from (so its errors cannot say what to change), imports slowly, a
 its own opinions about ``thinking`` and ``cache_control``. The mapping itself is small:
 
 - ``system`` (string or text blocks) -> one system message; ``cache_control`` ignored;
+  ``role: "system"`` entries inside ``messages`` (Claude Code sends them) stay where
+  they stand;
 - user ``text`` blocks -> user messages, ``tool_result`` blocks -> tool messages
   (``tool_use_id`` -> ``tool_call_id``), in block order;
 - assistant ``text`` / ``tool_use`` / ``thinking`` blocks -> one assistant message with
@@ -31,6 +33,7 @@ from gateway.errors import APIError, bad_request
 from gateway.openai_chat import TOOL_NAME
 from gateway.request import Completion, GenerationRequest, Message, Sampling, Tool, ToolCallOut
 from gateway.service import Pipeline, Prepared, StreamEvent, replay
+from gateway.structured import anthropic_format
 
 PROTOCOL = "anthropic-messages"
 _IMAGE_KINDS = ("image", "document", "search_result", "container_upload")
@@ -69,6 +72,10 @@ _IGNORED = {
     "diagnostics",
     "workspace_id",
     "user_profile_id",
+    "billing_policy",
+    "fallbacks",
+    "fallback_credit_token",
+    "betas",
 }
 
 
@@ -106,7 +113,8 @@ def _system_text(system: str | list[Any] | None) -> str | None:
     return "\n\n".join(_block_text(b, f"system[{i}]") for i, b in enumerate(system))
 
 
-def _tool_result_text(content: Any, where: str) -> str:
+def _text_content(content: Any, where: str) -> str:
+    """A string, or text blocks joined by newlines (tool results, mid-conversation system)."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -123,13 +131,15 @@ def parse_messages(raw: list[Any]) -> list[Message]:
         if not isinstance(m, dict):
             raise bad_request(f"{where} must be an object", where)
         role = m.get("role")
-        if role not in ("user", "assistant"):
+        if role not in ("user", "assistant", "system"):
             raise bad_request(
-                f"{where}.role must be 'user' or 'assistant' (got {role!r}); "
-                "put system text in the top-level 'system' field",
+                f"{where}.role must be 'user', 'assistant' or 'system' (got {role!r})",
                 f"{where}.role",
             )
         content = m.get("content")
+        if role == "system":  # Claude Code sends these mid-conversation; rendered in place
+            out.append(Message("system", _text_content(content, f"{where}.content")))
+            continue
         if isinstance(content, str):
             out.append(Message(role, content))
             continue
@@ -198,7 +208,7 @@ def _user(blocks: list[Any], where: str) -> list[Message]:
                     f"{w}.tool_use_id is required for a tool_result", f"{w}.tool_use_id"
                 )
             flush()
-            text = _tool_result_text(b.get("content"), f"{w}.content")
+            text = _text_content(b.get("content"), f"{w}.content")
             if b.get("is_error"):
                 text = f"Error: {text}"
             out.append(Message("tool", text, tool_call_id=b["tool_use_id"]))
@@ -298,11 +308,7 @@ def to_internal(
         )
     if req.max_tokens is None and not count_only:
         raise bad_request("max_tokens: Field required", "max_tokens")
-    if req.output_config and req.output_config.get("format") is not None:
-        raise bad_request(
-            "output_config.format (structured output) is not supported yet; remove it",
-            "output_config.format",
-        )
+    json_schema = anthropic_format(req.output_config)
     messages = parse_messages(req.messages)
     system = _system_text(req.system)
     if system is not None:
@@ -329,6 +335,7 @@ def to_internal(
         top_k=-1 if not req.top_k else req.top_k,
         max_tokens=req.max_tokens,
         stop=stops,
+        json_schema=json_schema,
     )
     return GenerationRequest(
         protocol=PROTOCOL,

@@ -22,6 +22,7 @@ from gateway.request import (
     ToolCallOut,
 )
 from gateway.service import Pipeline, Prepared, StreamEvent, replay
+from gateway.structured import openai_format
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_N = 8
@@ -196,12 +197,7 @@ def to_internal(body: Any, session_header: str | None) -> GenerationRequest:
     except ValidationError as e:
         msg, loc = _validation_message(e)
         raise bad_request(msg, loc) from None
-    if req.response_format and req.response_format.get("type") not in (None, "text"):
-        raise bad_request(
-            "response_format of type "
-            f"{req.response_format.get('type')!r} is not supported yet; remove it",
-            "response_format",
-        )
+    json_schema = openai_format(req.response_format, "response_format", nested=True)
     if req.logit_bias:
         raise bad_request("logit_bias is not supported; remove it", "logit_bias")
     for name in ("frequency_penalty", "presence_penalty"):
@@ -243,6 +239,7 @@ def to_internal(body: Any, session_header: str | None) -> GenerationRequest:
         n=req.n,
         logprobs=req.logprobs,
         top_logprobs=req.top_logprobs or 0,
+        json_schema=json_schema,
     )
     metadata = req.metadata or {}
     return GenerationRequest(

@@ -27,6 +27,7 @@ from gateway.errors import APIError, bad_request
 from gateway.openai_chat import TOOL_NAME
 from gateway.request import Completion, GenerationRequest, Message, Sampling, Tool, ToolCallOut
 from gateway.service import Pipeline, Prepared, StreamEvent, replay
+from gateway.structured import openai_format
 
 PROTOCOL = "openai-responses"
 
@@ -90,12 +91,7 @@ def parse(body: Any) -> ResponsesRequest:
         )
     if req.background:
         raise bad_request("background responses are not supported; remove it", "background")
-    fmt = (req.text or {}).get("format")
-    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
-        raise bad_request(
-            f"text.format of type {fmt.get('type')!r} is not supported yet; remove it",
-            "text.format",
-        )
+    openai_format((req.text or {}).get("format"), "text.format", nested=False)  # checked early
     if req.truncation not in (None, "disabled", "auto"):
         raise bad_request("truncation must be 'disabled' or 'auto'", "truncation")
     if isinstance(req.input, list) and not req.input and not req.previous_response_id:
@@ -272,6 +268,7 @@ def to_internal(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         max_tokens=req.max_output_tokens,
+        json_schema=openai_format((req.text or {}).get("format"), "text.format", nested=False),
     )
     return GenerationRequest(
         protocol=PROTOCOL,

@@ -43,6 +43,7 @@ class Sampling:
     n: int = 1
     logprobs: bool = False
     top_logprobs: int = 0
+    json_schema: str | None = None  # structured output: SGLang's json_schema param (JSON text)
 
 
 @dataclass

@@ -255,6 +255,8 @@ class Pipeline:
             params["stop"] = s.stop
         if s.seed is not None:
             params["seed"] = s.seed + index
+        if s.json_schema is not None:
+            params["json_schema"] = s.json_schema
         return {
             "input_ids": prep.prompt_ids,
             "sampling_params": params,
