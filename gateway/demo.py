@@ -9,6 +9,13 @@ training runs on its schedule and hot-swaps adapters; after a swap (at most once
 Training traffic keeps flowing while the trainer works and while the held-out set is
 evaluated. Prints accuracy over time and writes
 `curve.json` and `curve.png`.
+
+The project trains with trainer/config.py's defaults (trust region, KL to the base model,
+guards) except the tempo settings in ``TRAINING``, the seed and the eval gate: before a
+new adapter serves, it answers a validation split of questions (never the held-out set
+the curve reports) greedily, scored by the registered ``exact_number`` verifier, and
+must not be worse than the serving one. ``--seed`` seeds the question split and order,
+the sampling seed of every request, and the trainer.
 """
 
 from __future__ import annotations
@@ -30,17 +37,15 @@ PROMPT = "What is {a} + {b}? Reply with only the number."
 PROJECT = "demo"
 SAMPLING_TEMPERATURE = 1.0
 MAX_TOKENS = 8  # a bare number is 1-3 tokens; longer answers only cost sampling time
-# Training settings of the demo project (Project.settings["training"], see trainer/config.py)
+GATE_SIZE = 8  # validation questions of the eval gate (2 x 8 greedy requests per publish)
+# The demo project's tempo (Project.settings["training"]); everything else is the default
+# of trainer/config.py. A run as soon as 8 groups of 8 that carry signal wait (the default
+# threshold of 64 samples; zero-variance groups do not count), and each version is first
+# measured on 8 groups of its own traffic (guard_min_samples).
 TRAINING = {
     "schedule_minutes": 0.25,
-    "threshold": 64,  # a run as soon as 8 rated groups of 8 wait: one optimizer step each
     "min_samples": 32,
     "max_samples": 128,
-    "max_staleness": 2,
-    "lr": 2e-4,
-    "lora_rank": 16,
-    "lora_alpha": 32.0,
-    "num_minibatches": 1,
 }
 
 
@@ -53,9 +58,10 @@ def score(text: str | None, expected: int) -> float:
     """The verifier. 1 for exactly the number. The small base model almost never answers
     tersely ("4 + 6 = 10"), so partial credit points it there: the right number inside a
     longer answer earns 0.25 plus up to 0.5 the shorter the answer ("= 24": 0.5,
-    "5 + 19 = 24": 0.34); a bare wrong number earns a flat 0.1 for the format. Nothing
-    rewards being close: closeness credit taught the model to answer a typical sum ("11")
-    to every question."""
+    "5 + 19 = 24": 0.34). Every credit needs the right number: a wrong answer earns 0,
+    whatever its format. (A flat 0.1 for any bare number was an attractor: one constant
+    wrong number collected it on every question, every group had zero variance and the
+    policy collapsed. Closeness credit taught a typical sum ("11") to every question.)"""
     if exact_match(text, expected):
         return 1.0
     from trainer.verifiers import last_number
@@ -63,16 +69,46 @@ def score(text: str | None, expected: int) -> float:
     stripped = (text or "").strip()
     if last_number(text) == expected:
         return 0.25 + 0.5 * len(str(expected)) / max(len(stripped), 1)
-    if stripped.rstrip(".").isdigit():
-        return 0.1
     return 0.0
 
 
-def split_pairs(eval_size: int, seed: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+Pairs = list[tuple[int, int]]
+
+
+def split_pairs(
+    eval_size: int, seed: int, gate_size: int = GATE_SIZE
+) -> tuple[Pairs, Pairs, Pairs]:
+    """(train, held-out, validation): disjoint; the held-out set is what the curve reports,
+    the validation set is the eval gate's."""
     pairs = [(a, b) for a in range(1, 21) for b in range(1, 21)]
     rng = random.Random(seed)
     rng.shuffle(pairs)
-    return pairs[eval_size:], pairs[:eval_size]
+    held_out, validation = pairs[:eval_size], pairs[eval_size : eval_size + gate_size]
+    return pairs[eval_size + gate_size :], held_out, validation
+
+
+def eval_gate(model_dir: Path, validation: Pairs) -> dict:
+    """The demo's eval gate (trainer/eval_gate.py): the validation questions rendered with
+    the chat template as the gateway renders them, scored by ``exact_number``."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    prompts = []
+    for a, b in validation:
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": PROMPT.format(a=a, b=b)}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        ids = tok.encode(text, add_special_tokens=False)
+        prompts.append({"input_ids": ids, "expected": a + b})
+    return {
+        "enabled": True,
+        "verifier": "exact_number",
+        "prompts": prompts,
+        "max_new_tokens": MAX_TOKENS,
+        "margin": 0.25,  # 1 question in 8 on the [-1, 1] scale: greedy noise
+    }
 
 
 @dataclass
@@ -119,6 +155,7 @@ class Demo:
             n=n,
             temperature=temperature,
             max_tokens=MAX_TOKENS,
+            seed=self.rng.randrange(2**31),
         )
         return raw.headers.get("x-rlgate-policy-version", "?"), raw.parse()
 
@@ -189,7 +226,7 @@ async def _run(
     curve: Curve,
     check_alive,
 ) -> None:
-    train_pairs, eval_pairs = split_pairs(eval_size, seed)
+    train_pairs, eval_pairs, _ = split_pairs(eval_size, seed)
     demo = Demo(base, agent_key, admin_key, group, concurrency, seed)
     click.echo(f"evaluating the base model on {len(eval_pairs)} held-out questions ...")
     version, acc = await demo.evaluate(eval_pairs)
@@ -290,6 +327,7 @@ def run_demo(
 ) -> None:
     import platform
 
+    from engine.model_files import resolve_model_dir
     from gateway import migrate as mig
     from gateway.db import make_engine, session_factory, transaction
     from gateway.keys import create_key, ensure_project
@@ -297,9 +335,12 @@ def run_demo(
 
     mig.upgrade(settings.effective_database_url)
     factory = session_factory(make_engine(settings.effective_database_url))
+    _, _, validation = split_pairs(eval_size, seed)
+    gate = eval_gate(resolve_model_dir(settings.model_path, settings.data_dir), validation)
+    training = {**TRAINING, "seed": seed, "eval_gate": gate}
     with transaction(factory) as db:
         project = ensure_project(db, PROJECT)
-        project.settings = {**(project.settings or {}), "training": TRAINING}
+        project.settings = {**(project.settings or {}), "training": training}
         _, agent_key = create_key(db, PROJECT, "agent", name="rlgate demo")
         _, admin_key = create_key(db, PROJECT, "admin", name="rlgate demo")
     stack = launch(

@@ -69,7 +69,40 @@ def test_demo_verifier_prefers_the_bare_right_number():
     assert score("24", 24) == 1.0
     assert score(" 24.\n", 24) == 1.0
     assert 0.25 < score("5 + 19 = 24", 24) < score("= 24", 24) < 1.0  # shorter is better
-    assert score("23", 24) == score("7", 24) == 0.1  # the format, not closeness
+    # no credit without the right number: no constant answer collects reward everywhere
+    assert score("23", 24) == score("7", 24) == score("24", 25) == 0.0
     assert score("5 + 19 = 23", 24) == 0.0
     assert score("I think it is twenty-four", 24) == 0.0
     assert score(None, 24) == 0.0
+
+
+def test_demo_splits_are_disjoint_and_seeded():
+    """The eval gate's validation questions are never the held-out ones the curve reports,
+    nor training questions; --seed changes the split."""
+    from gateway.demo import split_pairs
+
+    train, held_out, validation = split_pairs(50, seed=1)
+    assert len(held_out) == 50 and len(validation) == 8
+    assert not set(train) & set(held_out) and not set(train) & set(validation)
+    assert not set(held_out) & set(validation)
+    assert split_pairs(50, seed=1) == (train, held_out, validation)
+    assert split_pairs(50, seed=2)[1] != held_out
+
+
+def test_demo_training_settings_are_the_defaults_but_tempo():
+    """The demo trains with trainer/config.py's defaults (README: only the tempo, the seed
+    and the eval gate differ), and its eval gate validates with a registered verifier."""
+    from gateway.demo import GATE_SIZE, TRAINING, eval_gate
+    from tests.servers import MODEL_CACHE
+    from trainer.config import TrainConfig
+    from trainer.eval_gate import EvalGate
+    from trainer.verifiers import get_verifier
+
+    assert set(TRAINING) <= {"schedule_minutes", "threshold", "min_samples", "max_samples"}
+    gate = eval_gate(MODEL_CACHE / "models" / "smollm2-135m-instruct", [(2, 3)] * GATE_SIZE)
+    cfg = TrainConfig.from_project_settings(
+        {"training": {**TRAINING, "seed": 3, "eval_gate": gate}}
+    )
+    parsed = EvalGate.parse(cfg.eval_gate)
+    assert parsed.enabled and get_verifier(parsed.verifier) is not None
+    assert parsed.prompts[0].expected == 5 and parsed.prompts[0].input_ids

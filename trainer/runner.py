@@ -191,7 +191,13 @@ def _train_and_commit(
     if guard:
         data_stats["guard"] = guard
     if not sel.samples:
-        runs.finish(factory, run_id, "cancelled", f"no trainable samples ({data_stats})")
+        runs.finish(
+            factory,
+            run_id,
+            "cancelled",
+            f"no trainable samples ({data_stats})",
+            data_stats=data_stats,
+        )
         return {"status": "cancelled", "data": data_stats}
     if not kept:  # only zero-variance groups: consume them (they carry no signal)
         _commit(

@@ -197,5 +197,7 @@ def finish(
         run.status = status
         run.error = error
         run.finished_at = utcnow()
+        if "data_stats" in fields:  # kept with the run's config, as a committed run's
+            run.config = {**(run.config or {}), "data_stats": fields.pop("data_stats")}
         for k, v in fields.items():
             setattr(run, k, v)

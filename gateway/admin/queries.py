@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from schemas.coltypes import utcnow
 from schemas.tables import (
     ApiKeyRow,
+    AuditEventRow,
     FeedbackRow,
     InteractionRow,
     PolicyVersionRow,
@@ -33,9 +34,13 @@ MAX_TOKENS_SHOWN = 4000
 STEP_METRICS = (
     ("loss", "loss"),
     ("reward_mean", "reward mean"),
-    ("kl", "KL"),
+    ("kl", "KL to the base model"),
+    ("kl_prox", "KL to the proximal policy (trust region)"),
+    ("entropy", "entropy"),
     ("clip_frac", "clip fraction"),
     ("masked_frac", "masked fraction"),
+    ("masked_stale_frac", "masked: stale samples"),
+    ("masked_mismatch_frac", "masked: engine/trainer mismatch"),
     ("tokens_per_s", "tokens/s"),
 )
 
@@ -151,6 +156,7 @@ def overview(db: Session, scope: list[str] | None, hours: int = 24) -> dict[str,
                 "feedback_rate_last_hour": (recent[1] / recent[0]) if recent[0] else None,
                 "mean_reward_last_hour": float(recent[2]) if recent[2] is not None else None,
                 "last_run": _run_summary(db, last_run) if last_run else None,
+                "guard": last_guard_rollback(db, p.id, now - timedelta(hours=24)),
             }
         )
     return {"projects": out, "series": timeseries(db, scope, hours, now), "now": now}
@@ -493,6 +499,34 @@ def feedback(
 # ---- runs ---------------------------------------------------------------------------
 
 
+def last_guard_rollback(db: Session, project_id: str, since: datetime) -> dict[str, Any] | None:
+    """The newest rollback a guard (trainer/guards.py) made since ``since``, or None."""
+    e = db.scalars(
+        select(AuditEventRow)
+        .where(
+            AuditEventRow.project_id == project_id,
+            AuditEventRow.action == "adapter.rollback",
+            AuditEventRow.actor == "guard",
+            AuditEventRow.created_at >= since,
+        )
+        .order_by(AuditEventRow.created_at.desc())
+        .limit(1)
+    ).first()
+    if e is None:
+        return None
+    d = e.details or {}
+    serving, best = d.get("serving_stats") or {}, d.get("best_stats") or {}
+    return {
+        "at": e.created_at,
+        "reason": d.get("reason"),
+        "rolled_back": d.get("rolled_back") or d.get("previous"),
+        "to": d.get("name"),
+        "serving_reward": serving.get("mean_reward"),
+        "best_reward": best.get("mean_reward"),
+        "p_value": d.get("p_value"),
+    }
+
+
 def _run_summary(db: Session, r: TrainingRunRow, pv: PolicyVersionRow | None = None) -> dict:
     if pv is None and r.policy_version_id:
         pv = db.get(PolicyVersionRow, r.policy_version_id)
@@ -513,6 +547,12 @@ def _run_summary(db: Session, r: TrainingRunRow, pv: PolicyVersionRow | None = N
             else None
         ),
         "error": r.error,
+        "guard": ((r.config or {}).get("data_stats") or {}).get("guard"),
+        "stopped_early": bool(
+            (((r.config or {}).get("data_stats") or {}).get("run_metrics") or {}).get(
+                "stopped_early"
+            )
+        ),
     }
 
 
