@@ -418,9 +418,10 @@ def message_body(prep: Prepared, c: Completion, tokenizer: Any, model: str) -> d
     }
 
 
-def count_body(pipeline: Pipeline, req: GenerationRequest) -> dict[str, Any]:
-    _, ids = pipeline.renderer.render(req.messages, req.tools, req.chat_template_kwargs)
-    return {"input_tokens": len(ids)}
+async def count_body(pipeline: Pipeline, req: GenerationRequest) -> dict[str, Any]:
+    """count_tokens: the prompt's ids are rendered as for a call (char limit first, then
+    the render pool), so counting is bounded the same way."""
+    return {"input_tokens": len(await pipeline.prompt_ids(req))}
 
 
 # ---- streaming ----------------------------------------------------------------------

@@ -8,7 +8,6 @@ Errors under /v1/messages come out in Anthropic's ``{"type": "error", ...}`` sha
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -72,7 +71,7 @@ async def count_tokens(request: Request) -> dict[str, Any]:
         raise APIError(403, f"a {p.kind} key cannot call models; use an agent key")
     body = await read_json(request)
     req = am.to_internal(body, None, count_only=True)
-    return await asyncio.to_thread(am.count_body, gw.pipeline, req)
+    return await am.count_body(gw.pipeline, req)
 
 
 @router.get("/v1/models/{model_id:path}")

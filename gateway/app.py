@@ -26,12 +26,14 @@ from gateway.engine_client import EngineClient
 from gateway.errors import APIError, bad_request, error_response
 from gateway.feedback import session_closed
 from gateway.keys import create_key
+from gateway.limits import BodyLimitMiddleware
 from gateway.metrics import Metrics
 from gateway.migrate import current
 from gateway.parsing import TOOL_PARSERS
 from gateway.ratelimit import RateLimitMiddleware
 from gateway.recorder import Recorder
 from gateway.redaction import RedactionPolicy
+from gateway.render_pool import RenderPool
 from gateway.routing import gw_of, headers_for, principal, read_json
 from gateway.service import Pipeline, ServingPolicy, open_stream
 from gateway.sessions import SessionStore, new_session_id
@@ -115,6 +117,8 @@ def build_gateway(settings: Settings) -> Gateway:
         tool_parser=settings.tool_parser or None,
         reasoning_parser=settings.reasoning_parser,
         default_max_tokens=settings.default_max_tokens,
+        render_pool=RenderPool(settings.render_workers, settings.render_timeout_s),
+        prompt_chars_per_token=settings.prompt_chars_per_token,
         redaction=RedactionPolicy(factory, settings.redact, settings.redact_patterns),
     )
     admin = settings.admin_key.get_secret_value() if settings.admin_key else None
@@ -143,6 +147,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             task.cancel()
             await gw.engines.close()
+            gw.pipeline.render_pool.close()
             await asyncio.to_thread(gw.recorder.stop)
 
     app = FastAPI(
@@ -155,6 +160,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(RateLimitMiddleware)
     app.add_middleware(MetricsMiddleware)
     exposure.install_openapi(app)

@@ -23,6 +23,7 @@ from gateway.request import (
 )
 from gateway.service import Pipeline, Prepared, StreamEvent, replay
 from gateway.structured import openai_format
+from gateway.templating import check_template_kwargs
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_N = 8
@@ -251,7 +252,7 @@ def to_internal(body: Any, session_header: str | None) -> GenerationRequest:
         sampling=sampling,
         stream=req.stream,
         include_usage=bool((req.stream_options or {}).get("include_usage")),
-        chat_template_kwargs=req.chat_template_kwargs or {},
+        chat_template_kwargs=check_template_kwargs(req.chat_template_kwargs),
         user=req.user,
         metadata=metadata,
         session_hint=session_header,

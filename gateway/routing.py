@@ -29,15 +29,29 @@ async def principal(request: Request) -> Principal:
     return auth.cached(secret) or await asyncio.to_thread(auth.resolve, secret)
 
 
-async def read_json(request: Request) -> Any:
-    """The JSON body, checked to be storable (gateway.storable); 400 otherwise."""
+# Bodies larger than this are parsed and checked on a worker thread, off the event loop.
+PARSE_OFF_LOOP_BYTES = 256 * 1024
+
+
+def parse_json(raw: bytes) -> Any:
+    """The parsed body, checked to be storable (gateway.storable); 400 otherwise (not
+    JSON, or nested too deeply: json's RecursionError is a 400 too, never a 500)."""
     try:
-        body = json.loads(await request.body())
+        body = json.loads(raw)
     except ValueError:
         raise bad_request("the request body is not valid JSON") from None
     except RecursionError:
         raise too_deep() from None
     return check_body(body)
+
+
+async def read_json(request: Request) -> Any:
+    """The JSON body (``parse_json``). Its size is bounded by the body limit
+    (gateway.limits answers a 413 first); a large body is parsed off the event loop."""
+    raw = await request.body()
+    if len(raw) > PARSE_OFF_LOOP_BYTES:
+        return await asyncio.to_thread(parse_json, raw)
+    return parse_json(raw)
 
 
 def headers_for(prep: Prepared) -> dict[str, str]:

@@ -26,9 +26,10 @@ from gateway.metrics import Metrics
 from gateway.parsing import TOOL_PARSERS, StreamingParser, parse_output
 from gateway.recorder import Recorder
 from gateway.redaction import RedactionPolicy
+from gateway.render_pool import RenderPool
 from gateway.request import Completion, GenerationRequest, Message, ToolCallOut
 from gateway.sessions import SessionContext, SessionStore, conversation_hash
-from gateway.templating import ChatRenderer
+from gateway.templating import ChatRenderer, check_prompt_chars
 from schemas.atdp import Interaction
 from schemas.coltypes import utcnow
 from schemas.tables import PolicyVersionRow
@@ -179,9 +180,13 @@ class Pipeline:
         tool_parser: str | None = "hermes",
         reasoning_parser: bool = False,
         default_max_tokens: int | None = None,
+        render_pool: RenderPool | None = None,
+        prompt_chars_per_token: float = 16.0,
         redaction: RedactionPolicy | None = None,
     ) -> None:
         self.renderer = renderer
+        self.render_pool = render_pool or RenderPool()
+        self.prompt_chars_per_token = prompt_chars_per_token
         self.engines = engines
         self.sessions = sessions
         self.recorder = recorder
@@ -207,12 +212,24 @@ class Pipeline:
 
     # ---- before generation -----------------------------------------------------------
 
+    async def prompt_ids(self, req: GenerationRequest) -> list[int]:
+        """The request's prompt token ids. A prompt with more characters than the context
+        can hold is refused (400) before any rendering; rendering and tokenizing run on
+        the render pool (off the event loop, under its time limit: 503 past it)."""
+        await self._ensure_context()
+        check_prompt_chars(
+            req.messages, req.tools, self.renderer.context_length, self.prompt_chars_per_token
+        )
+        _, ids = await self.render_pool.run(
+            self.renderer.render, req.messages, req.tools, req.chat_template_kwargs
+        )
+        return ids
+
     async def prepare(self, p: Principal, req: GenerationRequest, prefix: str) -> Prepared:
         if p.kind not in ("agent", "admin"):
             raise APIError(403, f"a {p.kind} key cannot call models; use an agent key")
         self.recorder.admit()  # 503 while the recording backlog is over its cap
-        await self._ensure_context()
-        _, ids = self.renderer.render(req.messages, req.tools, req.chat_template_kwargs)
+        ids = await self.prompt_ids(req)
         ctx_len = self.renderer.context_length
         if len(ids) >= ctx_len:
             raise bad_request(

@@ -92,6 +92,28 @@ class Settings(BaseSettings):
         "Responses' max_output_tokens). Unset: up to the model's context, as OpenAI does. "
         "Set it for clients that never send a limit (Codex) on a small or slow policy.",
     )
+    # ---- request size and prompt work (gateway/limits.py, gateway/render_pool.py) ------
+    max_body_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body accepted, in bytes (413 past it). Claude Code "
+        "sends about 120 KB on a first turn; a full 200k-token conversation is ~1-2 MB.",
+    )
+    prompt_chars_per_token: float = Field(
+        16.0,
+        gt=0,
+        description="Most characters one prompt token is assumed to hold: a prompt longer "
+        "than context length x this is a 400 before it is tokenized (text averages 3-5).",
+    )
+    render_workers: int = Field(
+        4, ge=1, description="Threads that render chat templates and tokenize prompts."
+    )
+    render_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Time limit for rendering and tokenizing one prompt, waiting for a "
+        "render thread included (503 past it).",
+    )
     spool_fsync: bool = Field(
         False,
         description="fdatasync the recording spool before each response (survives power "

@@ -26,6 +26,73 @@ HERMES_TOOLS_PROMPT = (
     '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
 )
 
+# The chat-template variables a client may set (OpenAI ``chat_template_kwargs``, as in
+# vLLM/SGLang), with the values each accepts. Only plain switches that real templates
+# read (Qwen3's ``enable_thinking``, DeepSeek-V3.1's ``thinking``, gpt-oss's
+# ``reasoning_effort``): never ``chat_template`` (template code) or anything else that
+# ``apply_chat_template`` would treat as code or as its own arguments.
+ALLOWED_TEMPLATE_KWARGS: dict[str, tuple[Any, ...]] = {
+    "enable_thinking": (True, False),
+    "thinking": (True, False),
+    "reasoning_effort": ("low", "medium", "high"),
+}
+
+
+def check_template_kwargs(kwargs: Any, where: str = "chat_template_kwargs") -> dict[str, Any]:
+    """``kwargs`` if every key is allowed and every value is one the key accepts;
+    a 400 that names the allowed keys and values otherwise."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise bad_request(f"{where} must be an object", where)
+    allowed = ", ".join(
+        f"{k} ({' | '.join(json.dumps(v) for v in vs)})"
+        for k, vs in ALLOWED_TEMPLATE_KWARGS.items()
+    )
+    for key, value in kwargs.items():
+        accepted = ALLOWED_TEMPLATE_KWARGS.get(key)
+        if accepted is None:
+            raise bad_request(
+                f"{where}.{key} is not supported; the chat template accepts only: {allowed}",
+                f"{where}.{key}",
+            )
+        if not any(type(value) is type(a) and value == a for a in accepted):
+            raise bad_request(
+                f"{where}.{key} must be one of {' | '.join(json.dumps(a) for a in accepted)} "
+                f"(got {json.dumps(value)[:80]})",
+                f"{where}.{key}",
+            )
+    return dict(kwargs)
+
+
+def prompt_chars(messages: list[Message], tools: list[Tool]) -> int:
+    """Characters the messages and tool specs put into the prompt (template text aside):
+    cheap to count, so a prompt that cannot fit is refused before it is tokenized."""
+    n = 0
+    for m in messages:
+        n += len(m.content) + len(m.reasoning or "") + len(m.name or "")
+        n += sum(len(c.name) + len(c.arguments) for c in m.tool_calls)
+    for t in tools:
+        n += len(t.name) + len(t.description) + len(json.dumps(t.parameters))
+    return n
+
+
+def check_prompt_chars(
+    messages: list[Message], tools: list[Tool], context_length: int, chars_per_token: float
+) -> None:
+    """A 400 when the prompt has more characters than the context can hold at
+    ``chars_per_token`` (a generous bound: text averages 3-5 characters per token)."""
+    limit = int(context_length * chars_per_token)
+    n = prompt_chars(messages, tools)
+    if n > limit:
+        raise bad_request(
+            f"the prompt is {n} characters, more than the {limit} that fit this model's "
+            f"{context_length}-token context (at most {chars_per_token:g} characters per "
+            "token); shorten the messages or tool descriptions. If your text really packs "
+            "more characters into each token, raise RLGATE_PROMPT_CHARS_PER_TOKEN",
+            "messages",
+        )
+
 
 def load_tokenizer(model_dir: str | Path) -> Any:
     from transformers import AutoTokenizer
@@ -117,8 +184,10 @@ class ChatRenderer:
         tools: list[Tool],
         template_kwargs: dict[str, Any] | None = None,
     ) -> tuple[str, list[int]]:
-        """The prompt text and its token ids, ready for generation."""
-        kwargs = dict(template_kwargs or {})
+        """The prompt text and its token ids, ready for generation. CPU-bound (Jinja and
+        the tokenizer): the gateway calls it on its render pool, never on the event loop.
+        ``template_kwargs`` must pass ``check_template_kwargs`` (checked again here)."""
+        kwargs = check_template_kwargs(template_kwargs)
         if self.native_tools:
             msgs = self._native_messages(messages)
             if tools:

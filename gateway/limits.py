@@ -1,0 +1,105 @@
+"""The request body size limit (``RLGATE_MAX_BODY_BYTES``), as pure ASGI middleware.
+
+A body over the limit is answered with a 413 in the calling API's error format, before
+the gateway holds more than the limit in memory:
+
+- a ``Content-Length`` over the limit is refused before any of the body is read;
+- a body without one (chunked) is counted as the route reads it, and the read fails
+  with the 413 as soon as the count passes the limit.
+
+Either way the rest of the body is read and discarded (up to ``DRAIN_BYTES``, never
+kept) before the answer goes out: a server that answers and closes while the client is
+still sending makes the client's TCP stack see a reset, and many clients then report a
+broken connection instead of the 413. Past ``DRAIN_BYTES`` the connection is just closed
+after the answer.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import Request
+
+from gateway.errors import APIError, error_body, error_style
+
+DRAIN_BYTES = 64 * 1024 * 1024
+
+
+def too_large(limit: int, size: int | None = None) -> APIError:
+    got = f"{size} bytes" if size is not None else f"more than {limit} bytes"
+    return APIError(
+        413,
+        f"the request body is {got}; this gateway accepts at most {limit} bytes "
+        "(RLGATE_MAX_BODY_BYTES). Shorten the conversation (fewer or shorter messages, "
+        "tool results or tool descriptions) or raise the limit",
+    )
+
+
+class BodyLimitMiddleware:
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            await _drain(receive, declared)
+            await self._answer(scope, send, too_large(self.max_bytes, declared))
+            return
+        seen = 0
+
+        async def limited_receive() -> dict:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    if message.get("more_body", False):
+                        await _drain(receive, None)
+                    raise too_large(self.max_bytes)  # the app's handler answers it
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+    async def _answer(self, scope: dict, send: Any, err: APIError) -> None:
+        body = json.dumps(error_body(error_style(Request(scope)), err)).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": err.status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def _content_length(scope: dict) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def _drain(receive: Any, declared: int | None) -> None:
+    """Read and drop the rest of the request body, up to DRAIN_BYTES."""
+    if declared is not None and declared > DRAIN_BYTES:
+        return
+    dropped = 0
+    while dropped <= DRAIN_BYTES:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        dropped += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
