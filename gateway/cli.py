@@ -209,7 +209,14 @@ def keys_revoke(key_id: str) -> None:
     show_default=True,
     help="Requests in flight (the engine batches them).",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seeds the question split and order, every request's sampling seed, and the "
+    "trainer (training.seed).",
+)
 @click.option("--require-swap", is_flag=True, help="Exit 1 unless an adapter was swapped in.")
 @clean_errors
 def demo(
