@@ -384,7 +384,14 @@ def stored_object(
 ) -> dict[str, Any]:
     """The Response object (also for a stored response rebuilt from its record)."""
     out_tokens = len(completion.output_ids) if completion else 0
-    incomplete = completion is not None and completion.finish_reason == "length"
+    # "incomplete" means the client's own max_output_tokens was reached. A client that set
+    # none (Codex sets none) gets "completed" when the gateway's RLGATE_DEFAULT_MAX_TOKENS
+    # or the model's context cut the answer; the record keeps finish_reason "length".
+    incomplete = (
+        completion is not None
+        and completion.finish_reason == "length"
+        and raw.get("max_output_tokens") is not None
+    )
     if incomplete and status == "completed":
         status = "incomplete"
     return {
@@ -403,7 +410,7 @@ def stored_object(
         "reasoning": {"effort": None, "summary": None},
         "store": raw.get("store", True),
         "temperature": temperature_top_p[0],
-        "text": {"format": {"type": "text"}},
+        "text": raw.get("text") or {"format": {"type": "text"}},
         "tool_choice": raw.get("tool_choice", "auto"),
         "tools": raw.get("tools") or [],
         "top_p": temperature_top_p[1],

@@ -234,7 +234,9 @@ class Pipeline:
         if len(ids) >= ctx_len:
             raise bad_request(
                 f"the prompt is {len(ids)} tokens but the model's context is {ctx_len} tokens; "
-                "shorten the messages",
+                "shorten the conversation, serve a policy with a longer context, or trim the "
+                "client's own prompt (docs/clients/ in the rlgate repository has trimmed "
+                "configurations for Claude Code, OpenClaw and Codex)",
                 "messages",
             )
         room = ctx_len - len(ids)

@@ -77,12 +77,17 @@ def prompt_chars(messages: list[Message], tools: list[Tool]) -> int:
     return n
 
 
+MIN_PROMPT_CHARS = 512 * 1024
+
+
 def check_prompt_chars(
     messages: list[Message], tools: list[Tool], context_length: int, chars_per_token: float
 ) -> None:
     """A 400 when the prompt has more characters than the context can hold at
-    ``chars_per_token`` (a generous bound: text averages 3-5 characters per token)."""
-    limit = int(context_length * chars_per_token)
+    ``chars_per_token`` (a generous bound: text averages 3-5 characters per token). A
+    prompt under MIN_PROMPT_CHARS is always tokenized (well under a second, off the loop),
+    so an agent whose prompt is too long for a small context learns both token counts."""
+    limit = max(int(context_length * chars_per_token), MIN_PROMPT_CHARS)
     n = prompt_chars(messages, tools)
     if n > limit:
         raise bad_request(

@@ -97,7 +97,36 @@ def _stop(children: list[Child]) -> None:
         _signal_group(child, signal.SIGKILL)  # whatever of the group is still there
 
 
-def snippets(base: str, agent_key: str, model: str) -> str:
+PACKAGED_MAX_TOKENS = 512  # output cap for requests naming none, with the packaged model
+
+
+def first_call(base: str, agent_key: str, model: str) -> str | None:
+    """One real chat call at start, so the feedback snippet rates a real answer; its id,
+    or None when it failed (the snippet then says the id is a placeholder)."""
+    try:
+        r = httpx.post(
+            f"{base}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {agent_key}"},
+            json={
+                "model": model,
+                "messages": [{"role": "user", "content": "Say hello."}],
+                "max_tokens": 16,
+            },
+            timeout=120,
+        )
+        r.raise_for_status()
+        return str(r.json()["id"])
+    except (httpx.HTTPError, ValueError, KeyError) as e:
+        click.echo(f"the first test call failed ({e}); see the gateway log", err=True)
+        return None
+
+
+def snippets(base: str, agent_key: str, model: str, call_id: str | None = None) -> str:
+    if call_id:
+        rate = '(the call rlgate up made at start; for yours, use its response\'s "id")'
+    else:
+        rate = '(replace chatcmpl-... with a response\'s "id")'
+        call_id = "chatcmpl-..."
     return f"""
   OpenAI SDK (Python):
     from openai import OpenAI
@@ -119,14 +148,15 @@ def snippets(base: str, agent_key: str, model: str) -> str:
   prompt needs a long-context policy, docs/clients/openclaw.json trims it to ~2k):
     baseUrl: {base}/v1    apiKey: {agent_key}    model: {model}
 
-  Codex (~/.codex/config.toml; docs/clients/codex-config.toml trims its prompt):
+  Codex (~/.codex/config.toml; docs/clients/codex-config.toml trims its prompt; Codex
+  sends no output limit, so answers stop at RLGATE_DEFAULT_MAX_TOKENS, {PACKAGED_MAX_TOKENS} here):
     [model_providers.rlgate] base_url = "{base}/v1", wire_api = "responses",
     env_key = "RLGATE_API_KEY" (= {agent_key}); web_search = "disabled"
 
-  Rate an answer (the id is the response's "id"):
+  Rate an answer {rate}:
     curl {base}/feedback -H "Authorization: Bearer {agent_key}" \\
       -H "Content-Type: application/json" \\
-      -d '{{"interaction_id": "chatcmpl-...", "value": 1, "scale": "binary"}}'
+      -d '{{"interaction_id": "{call_id}", "value": 1, "scale": "binary"}}'
 """
 
 
@@ -164,6 +194,14 @@ def split_cores(cores: int, trainer: bool) -> tuple[int, int]:
     return engine, int(os.environ.get("OMP_NUM_THREADS") or cores - engine)
 
 
+def _default_cap(settings: Settings) -> dict[str, str]:
+    """With the packaged model, requests that name no output limit (Codex's) stop at
+    PACKAGED_MAX_TOKENS instead of filling the context; a set RLGATE_DEFAULT_MAX_TOKENS wins."""
+    if settings.default_max_tokens is not None or not settings.uses_packaged_model:
+        return {}
+    return {"RLGATE_DEFAULT_MAX_TOKENS": str(PACKAGED_MAX_TOKENS)}
+
+
 def launch(
     settings: Settings,
     port: int,
@@ -186,6 +224,7 @@ def launch(
         "RLGATE_ENGINE_PORT": str(engine_port),
         # the engine's --api-key, read by the engine, the gateway and the worker alike
         "RLGATE_ENGINE_API_KEY": settings.engine_api_key_value or secrets.token_urlsafe(32),
+        **_default_cap(settings),
         **(extra_env or {}),
     }
     engine_threads, trainer_threads = split_cores(os.cpu_count() or 1, trainer)
@@ -246,6 +285,7 @@ def run_up(settings: Settings, port: int, engine_port: int, trainer: bool) -> No
     stack = launch(settings, port, engine_port, trainer)
     try:
         model = settings.served_model_name
+        call_id = first_call(stack.base, agent_key, model)
         click.echo(f"""
 rlgate is up.
   base_url (OpenAI):     {stack.base}/v1
@@ -256,7 +296,7 @@ rlgate is up.
   engine:                {stack.engine_url}
   {stack.trainer_note}
   logs:                  {stack.logs}
-{snippets(stack.base, agent_key, model)}
+{snippets(stack.base, agent_key, model, call_id)}
 Press Ctrl-C to stop.""")
         while not stopping:
             stack.check_alive()

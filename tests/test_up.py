@@ -36,9 +36,21 @@ def test_up_prints_working_snippets_and_stops_cleanly(tmp_path):
     port, engine_port = free_port(), free_port()
     env = {**os.environ, "RLGATE_DATA_DIR": str(data), "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "up", "--port", str(port),
-         "--engine-port", str(engine_port)],
-        env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "up",
+            "--port",
+            str(port),
+            "--engine-port",
+            str(engine_port),
+        ],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     out = ""
     try:
@@ -54,8 +66,9 @@ def test_up_prints_working_snippets_and_stops_cleanly(tmp_path):
 
         # the OpenAI SDK snippet, run exactly as printed
         code = _block(out, "OpenAI SDK (Python):")
-        sdk = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             timeout=300)
+        sdk = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+        )
         assert sdk.returncode == 0, sdk.stderr
         assert sdk.stdout.strip()
 
@@ -65,15 +78,24 @@ def test_up_prints_working_snippets_and_stops_cleanly(tmp_path):
         answer = json.loads(r.stdout)
         assert answer["object"] == "chat.completion", r.stdout
 
-        # rating that answer with the printed feedback snippet
-        rate = _block(out, "Rate an answer").replace("chatcmpl-...", answer["id"])
+        # the printed feedback snippet, run exactly as printed: it rates the real call that
+        # rlgate up made at start
+        rate = _block(out, "Rate an answer")
+        first_id = re.search(r'"interaction_id": "(chatcmpl-[0-9a-f]+)"', rate).group(1)  # type: ignore[union-attr]
+        r = subprocess.run(["bash", "-c", rate], capture_output=True, text=True, timeout=60)
+        assert json.loads(r.stdout)["target_id"] == first_id, r.stdout
+        # and the same snippet rates the curl answer with its id
+        rate = rate.replace(first_id, answer["id"])
         r = subprocess.run(["bash", "-c", rate], capture_output=True, text=True, timeout=60)
         assert json.loads(r.stdout)["target_id"] == answer["id"], r.stdout
 
         # the dashboard answers
         admin = re.search(r"admin key:\s+(\S+)", out).group(1)  # type: ignore[union-attr]
-        ov = httpx.get(f"http://127.0.0.1:{port}/admin/api/overview",
-                       headers={"Authorization": f"Bearer {admin}"}, timeout=60)
+        ov = httpx.get(
+            f"http://127.0.0.1:{port}/admin/api/overview",
+            headers={"Authorization": f"Bearer {admin}"},
+            timeout=60,
+        )
         assert ov.status_code == 200
 
         # the engine took a fresh key (passed to the gateway and worker only): the chats
@@ -94,3 +116,12 @@ def test_up_prints_working_snippets_and_stops_cleanly(tmp_path):
             raise AssertionError(f"port {p} still answers after rlgate up stopped")
         except httpx.TransportError:
             pass
+
+
+def test_up_caps_output_only_for_the_packaged_model():
+    from gateway.settings import Settings
+    from gateway.up import PACKAGED_MAX_TOKENS, _default_cap
+
+    assert _default_cap(Settings()) == {"RLGATE_DEFAULT_MAX_TOKENS": str(PACKAGED_MAX_TOKENS)}
+    assert _default_cap(Settings(default_max_tokens=64)) == {}  # the operator's value wins
+    assert _default_cap(Settings(model_path="/srv/models/qwen")) == {}

@@ -8,6 +8,8 @@ completions with the text the client received.
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -239,6 +241,23 @@ def test_metadata_user_id_names_the_session(stack):
         assert row.external_id == sid and row.client_protocol == "anthropic-messages"
 
 
+def test_system_messages_inside_messages_render_where_they_stand(stack, tok):
+    """Claude Code sends ``role: "system"`` entries inside ``messages``."""
+    convo = [
+        {"role": "user", "content": "What is 2 + 3?"},
+        {"role": "assistant", "content": "5"},
+        {"role": "system", "content": [{"type": "text", "text": "Answer with one word."}]},
+        {"role": "user", "content": "And 4 + 4?"},
+    ]
+    raw = client(stack).messages.with_raw_response.create(
+        model="claude-sonnet-4-6", system=SYSTEM, messages=convo, max_tokens=4
+    )
+    (rec,) = wait_recorded(stack, [raw.parse().id])
+    flat = [{"role": m["role"], "content": m["content"]} for m in convo]
+    flat[2]["content"] = "Answer with one word."
+    assert rec.prompt_token_ids == template_ids(tok, [{"role": "system", "content": SYSTEM}, *flat])
+
+
 def test_count_tokens_uses_the_policy_template(stack, tok):
     c = client(stack)
     n = c.messages.count_tokens(model="claude-sonnet-4-6", system=SYSTEM, messages=Q)
@@ -263,7 +282,7 @@ OK = [{"role": "user", "content": "hi"}]
 BAD = [
     ({"model": "m", "messages": OK}, "max_tokens"),
     ({"model": "m", "max_tokens": 5, "messages": []}, "messages"),
-    ({"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "role"),
+    ({"model": "m", "max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "role"),
     ({"model": "m", "max_tokens": 5, "messages": OK, "temperature": 1.5}, "temperature"),
     ({"model": "m", "max_tokens": 0, "messages": OK}, "max_tokens"),
     (
@@ -513,3 +532,33 @@ def test_session_id_from_claude_code_user_id():
     assert am.session_from_user_id("user_ab12_account_x_session_s-2") == "s-2"
     assert am.session_from_user_id("alice") == "alice"
     assert am.session_from_user_id("") is None and am.session_from_user_id(None) is None
+
+
+def test_claude_code_default_request_names_the_context_problem(stack):
+    """A request captured from Claude Code 2.1.197 in its default mode (`claude -p`, only
+    the base URL and key set: 24 tools, adaptive thinking, output_config.effort,
+    context_management, max_tokens 32000), replayed as sent. Its prompt is longer than the
+    packaged model's context, so the answer is the context-length error with both token
+    counts and what to do, never a role or field error."""
+    body = json.loads(
+        (Path(__file__).parent / "data" / "claude_code_2.1.197_default.json").read_text()
+    )
+    r = httpx.post(
+        stack.gw.url + "/v1/messages?beta=true",
+        json=body,
+        headers={
+            "Authorization": f"Bearer {stack.key()}",
+            "anthropic-version": "2023-06-01",
+            "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14",
+            "x-claude-code-session-id": "402723f1-3884-45b5-942e-36e021ac3881",
+        },
+        timeout=120,
+    )
+    assert r.status_code == 400, r.text
+    err = r.json()
+    assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+    message = err["error"]["message"]
+    m = re.search(r"prompt is (\d+) tokens but the model's context is (\d+) tokens", message)
+    assert m, message
+    assert int(m.group(1)) > int(m.group(2)) > 0
+    assert "docs/clients" in message and "context" in message

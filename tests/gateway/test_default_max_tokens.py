@@ -27,8 +27,15 @@ def test_default_max_tokens_caps_only_requests_without_a_limit(sqlite_url, tmp_p
             model="rlgate-policy", messages=STORY, temperature=0, max_tokens=7
         )
         assert r.usage.completion_tokens == 7
-        # the Responses API (Codex's) without max_output_tokens
+        # the Responses API (Codex's) without max_output_tokens: the gateway's cap ends the
+        # turn as completed (Codex treats "incomplete" as an error that ends its session)
         resp = client.responses.create(model="rlgate-policy", input=STORY[0]["content"])
         assert resp.usage.output_tokens == 5
+        assert resp.status == "completed" and resp.incomplete_details is None
+        # the client's own limit reached is "incomplete", as OpenAI reports it
+        resp = client.responses.create(
+            model="rlgate-policy", input=STORY[0]["content"], max_output_tokens=6
+        )
+        assert resp.usage.output_tokens == 6
         assert resp.status == "incomplete"
         assert resp.incomplete_details.reason == "max_output_tokens"

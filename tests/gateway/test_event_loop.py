@@ -29,6 +29,7 @@ from gateway.db import make_engine, session_factory, transaction
 from gateway.keys import create_key
 from gateway.migrate import upgrade
 from gateway.settings import Settings
+from gateway.templating import MIN_PROMPT_CHARS
 from tests.servers import MODEL_CACHE, Proc, free_port
 
 BODY_LIMIT = 4 * 1024 * 1024  # the default of RLGATE_MAX_BODY_BYTES
@@ -86,7 +87,8 @@ class Live:
 
     @property
     def char_limit(self) -> int:
-        return int(self.gw.pipeline.renderer.context_length * CHARS_PER_TOKEN)
+        ctx = self.gw.pipeline.renderer.context_length
+        return max(int(ctx * CHARS_PER_TOKEN), MIN_PROMPT_CHARS)
 
 
 @pytest.fixture(scope="module")
