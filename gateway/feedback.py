@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from gateway.auth import BOOTSTRAP_ADMIN_ID, Principal
 from gateway.errors import APIError, bad_request
 from gateway.keys import new_id
+from gateway.storable import bounded_str
 from schemas.atdp import Feedback
 from schemas.coltypes import utcnow
 from schemas.convert import to_record
@@ -193,17 +194,6 @@ class FeedbackInput:
         return hashlib.sha256(data.encode()).hexdigest()
 
 
-def _opt_str(body: dict[str, Any], name: str, limit: int) -> str | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if not isinstance(v, str):
-        raise bad_request(f"'{name}' must be a string", name)
-    if len(v) > limit:
-        raise bad_request(f"'{name}' is longer than {limit} characters", name)
-    return v
-
-
 def parse_feedback(body: Any) -> FeedbackInput:
     """Check a ``POST /feedback`` body; 400 for a malformed one, 422 for a value out of range."""
     if not isinstance(body, dict):
@@ -220,7 +210,7 @@ def parse_feedback(body: Any) -> FeedbackInput:
             named[1] if len(named) > 1 else "interaction_id",
         )
     field_name = named[0]
-    ref = _opt_str(body, field_name, 128)
+    ref = bounded_str(body, field_name, 128)
     if not ref:
         raise bad_request(f"'{field_name}' must be a non-empty string", field_name)
     if field_name == "interaction_id":
@@ -248,9 +238,9 @@ def parse_feedback(body: Any) -> FeedbackInput:
         scale_max=hi,
         reward=reward,
         source=source,
-        rater=_opt_str(body, "rater", MAX_SHORT),
-        comment=_opt_str(body, "comment", MAX_COMMENT),
-        idempotency_key=_opt_str(body, "idempotency_key", MAX_SHORT),
+        rater=bounded_str(body, "rater", MAX_SHORT),
+        comment=bounded_str(body, "comment", MAX_COMMENT),
+        idempotency_key=bounded_str(body, "idempotency_key", MAX_SHORT),
     )
 
 
