@@ -7,6 +7,10 @@
 - A singleton: ``A = r - b`` with ``b`` the running baseline of its project/task (EMA),
   persisted between runs. Never silently zero: the first sample of a task is compared
   with baseline 0 (the middle of the [-1, 1] reward scale).
+- ``max_kept`` (DAPO's dynamic sampling): groups and singletons are taken oldest first
+  until this many samples carry signal; zero-variance groups do not take places in the
+  batch. What comes after is deferred (neither trained nor consumed, baselines untouched)
+  for the next run.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class AdvantageStats:
     singletons: int = 0
     dropped_zero_variance_groups: int = 0
     dropped_samples: int = 0
+    deferred_samples: int = 0
 
 
 def compute_advantages(
@@ -55,6 +60,7 @@ def compute_advantages(
     std_normalize: bool = True,
     leave_one_out: bool = False,
     baseline_alpha: float = 0.1,
+    max_kept: int | None = None,
 ) -> tuple[list[Sample], list[Sample], AdvantageStats]:
     """Set ``advantage`` on each kept sample; returns (kept, dropped, stats).
 
@@ -69,6 +75,9 @@ def compute_advantages(
     stats = AdvantageStats()
     singles: dict[str, list[float]] = defaultdict(list)
     for members in by_group.values():
+        if max_kept is not None and len(kept) >= max_kept:
+            stats.deferred_samples += len(members)
+            continue
         if len(members) == 1:
             s = members[0]
             s.advantage = s.reward - baselines.get(s.baseline_key)

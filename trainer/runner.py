@@ -44,6 +44,9 @@ from trainer.serving import (  # noqa: F401 - the runner's public names
 from trainer.triggers import due_projects, due_trigger  # noqa: F401
 
 log = logging.getLogger("rlgate.trainer")
+# a run looks at up to this many x max_samples rows, so that zero-variance groups (dropped)
+# do not take the places of groups that carry signal (compute_advantages' max_kept)
+SELECT_FACTOR = 4
 STATE_KEY = "trainer_state"  # Project.settings[STATE_KEY]["baselines"]
 
 
@@ -157,7 +160,7 @@ def _train_and_commit(
             db,
             project_id,
             max_staleness=cfg.max_staleness,
-            max_samples=cfg.max_samples,
+            max_samples=cfg.max_samples * SELECT_FACTOR,
             group_by_prompt=cfg.group_by_prompt,
         )
         serving = serving_row(db, project_id)
@@ -177,6 +180,7 @@ def _train_and_commit(
         std_normalize=cfg.std_normalize,
         leave_one_out=cfg.leave_one_out,
         baseline_alpha=cfg.baseline_alpha,
+        max_kept=cfg.max_samples,
     )
     n_groups = adv_stats.groups + adv_stats.dropped_zero_variance_groups
     data_stats = {

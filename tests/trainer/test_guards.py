@@ -187,3 +187,26 @@ def test_samples_of_a_rolled_back_version_are_not_trained_on(migrated_db) -> Non
         sel = select_samples(db, pid, max_staleness=2, max_samples=100, group_by_prompt=True)
         assert count_signal(db, pid, 2) == 2
     assert {s.version for s in sel.samples} == {1} and sel.skipped["rolled_back"] == 2
+
+
+def test_zero_variance_groups_do_not_take_places_in_the_batch() -> None:
+    """DAPO's dynamic sampling: a run of max_kept samples is filled with groups that carry
+    signal; zero-variance groups are dropped (consumed) and do not count; the rest waits."""
+    from trainer.advantages import Baselines, compute_advantages
+    from trainer.data import Sample
+
+    def group(g: str, rewards: list[float]) -> list[Sample]:
+        return [Sample(f"{g}{i}", [1], [2], [-1.0], 1.0, r, g, "t") for i, r in enumerate(rewards)]
+
+    samples = (
+        group("a", [0.0, 0.0])  # no signal
+        + group("b", [1.0, 0.0])
+        + group("c", [1.0, 1.0])  # no signal
+        + group("d", [0.0, 1.0])
+        + group("e", [1.0, 0.0])  # over the cap: deferred to the next run
+        + group("f", [0.0, 0.0])
+    )
+    kept, dropped, stats = compute_advantages(samples, Baselines(), max_kept=4)
+    assert [s.group_key for s in kept] == ["b", "b", "d", "d"]
+    assert {s.group_key for s in dropped} == {"a", "c"}
+    assert stats.deferred_samples == 4 and stats.dropped_zero_variance_groups == 2
