@@ -137,6 +137,13 @@ def engine_command(
             raise click.BadParameter("must be >= 1", param_hint=name)
     if prefix_cache_slots < 0:
         raise click.BadParameter("must be >= 0", param_hint="--prefix-cache-slots")
+    api_key = api_key or settings.engine_api_key_value
+    if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(
+            f"warning: the engine listens on {host} without --api-key: anyone who reaches "
+            "the port can generate, load adapters and abort requests",
+            err=True,
+        )
     serve(
         EngineConfig(
             model_path=model_path or settings.model_path,
@@ -155,7 +162,7 @@ def engine_command(
             lora_paths=_parse_lora_paths(lora_paths),
             prefix_reuse=not disable_prefix_reuse,
             prefix_cache_slots=prefix_cache_slots,
-            api_key=api_key or settings.engine_api_key_value,
+            api_key=api_key,
             allowed_lora_dir=allowed_lora_dir,
         )
     )
