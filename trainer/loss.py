@@ -18,7 +18,7 @@ Aggregation: ``token-mean`` divides the sum over sampled tokens by their number;
 denominators (they contribute zero), so masking never rescales the other tokens.
 Metrics: ``kl_prox`` (k3 of pi_prox vs pi_theta: how far this run has moved, the trust
 region's measure), ``masked_stale_frac`` / ``masked_mismatch_frac`` (masked tokens of rows
-sampled by an older version / by the version being trained: engine-trainer mismatch).
+sampled by another version / by the version being trained: engine-trainer mismatch).
 ``num_tokens`` / ``num_seqs`` let micro-batches share the normalizer of the whole batch.
 """
 
@@ -71,7 +71,7 @@ def ppo_loss(
     cfg: LossConfig,
     ref_logp: torch.Tensor | None = None,  # [B, T] base model, for the KL term
     entropy: torch.Tensor | None = None,  # [B, T] entropy of pi_theta per position
-    stale: torch.Tensor | None = None,  # [B] bool: sampled by an older policy version
+    stale: torch.Tensor | None = None,  # [B] bool: sampled by another policy version
     num_tokens: float | None = None,
     num_seqs: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:

@@ -63,7 +63,8 @@ def train(
     moved from the proximal one, measured on that minibatch) is compared with
     ``cfg.kl_prox_target``; above it, the step is not taken and the run stops (the last
     recorded step says ``stopped_early``). ``policy_version``: the version the adapter was
-    warm-started from; samples of older versions count as stale in the masked fractions.
+    warm-started from (0: a fresh adapter, the base model); samples of any other version
+    count as stale in the masked fractions.
 
     Proximal logprobs are those of the adapter before the first step. The first minibatch
     is forwarded by exactly that adapter, so its proximal logprobs are taken from its own
@@ -120,7 +121,7 @@ def train(
                     loss_cfg,
                     ref_logp=_pad([ref[s.interaction_id] for s in ss]).to(dev) if ref else None,
                     entropy=_pad(ents).to(dev) if ents is not None else None,
-                    stale=torch.tensor([s.version < policy_version for s in ss]),
+                    stale=torch.tensor([s.version != policy_version for s in ss]),
                     num_tokens=num_tokens,
                     num_seqs=num_seqs,
                 )
