@@ -10,6 +10,7 @@ from sqlalchemy import select
 
 from schemas.tables import ApiKeyRow, AuditEventRow, PolicyVersionRow, ProjectRow, TrainingRunRow
 from tests.admin.conftest import BIG_SESSIONS, Dash, login, shot
+from trainer.config import TrainConfig
 
 PAGES = [
     "/admin",
@@ -153,7 +154,7 @@ def test_training_settings_api(dash: Dash) -> None:
     with httpx.Client(base_url=dash.url, headers=h, timeout=60) as c:
         url = "/admin/api/projects/p1/training"
         before = c.get(url).json()
-        assert before["effective"]["lr"] == before["overrides"].get("lr", 1e-5)
+        assert before["effective"]["lr"] == before["overrides"].get("lr", TrainConfig().lr)
         r = c.patch(url, json={"lr": 3e-4, "threshold": 16})
         assert r.status_code == 200, r.text
         assert r.json()["overrides"]["lr"] == 3e-4 and r.json()["effective"]["threshold"] == 16
