@@ -72,9 +72,15 @@ def test_a_one_step_run_forwards_each_sample_once(monkeypatch) -> None:
         s.advantage = 1.0 if i % 2 else -1.0
     for n_mb, expected_rows in ((1, 8), (2, 8 + 4)):
         cfg = TrainConfig(  # no band: the made-up behaviour logprobs would mask every token
-            lora_rank=4, num_minibatches=n_mb, lr=1e-3, micro_batch_tokens=10**6,
-            band_low=None, band_high=None, behav_weight_cap=None,
-            kl_coef=0.0, kl_prox_target=None,  # no base-model pass, no early stop
+            lora_rank=4,
+            num_minibatches=n_mb,
+            lr=1e-3,
+            micro_batch_tokens=10**6,
+            band_low=None,
+            band_high=None,
+            behav_weight_cap=None,
+            kl_coef=0.0,
+            kl_prox_target=None,  # no base-model pass, no early stop
         )
         policy = Policy.load(model_dir, cfg)
         rows: list[int] = []
@@ -102,8 +108,15 @@ def _grouped(n_groups: int, size: int) -> list[Sample]:
             c = rng.randint(1, 9)
             out.append(
                 Sample(
-                    f"g{g}s{i}", prompt, [rng.randrange(100, 40000) for _ in range(c)],
-                    [-1.0] * c, 0.8, 0.0, f"g{g}", "t", advantage=(-1.0) ** i,
+                    f"g{g}s{i}",
+                    prompt,
+                    [rng.randrange(100, 40000) for _ in range(c)],
+                    [-1.0] * c,
+                    0.8,
+                    0.0,
+                    f"g{g}",
+                    "t",
+                    advantage=(-1.0) ** i,
                 )
             )
     return out
