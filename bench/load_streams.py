@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import sqlite3
 import statistics
 import subprocess
@@ -150,7 +151,7 @@ async def rss_loop(pid: int, every: float, end: float, out: list[tuple[float, fl
         await asyncio.sleep(min(every, max(0.0, end - time.monotonic())))
 
 
-async def drive(args: argparse.Namespace, url: str, key: str, pid: int) -> dict[str, Any]:
+async def drive(args: argparse.Namespace, url: str, keys: list[str], pid: int) -> dict[str, Any]:
     stats = Stats()
     rss: list[tuple[float, float]] = []
     conn = aiohttp.TCPConnector(limit=args.sessions + 8)
@@ -159,7 +160,8 @@ async def drive(args: argparse.Namespace, url: str, key: str, pid: int) -> dict[
         start = time.monotonic()
         end = start + args.duration
         tasks = [
-            session_loop(http, url, key, i, args.turns, end, stats) for i in range(args.sessions)
+            session_loop(http, url, keys[i % len(keys)], i, args.turns, end, stats)
+            for i in range(args.sessions)
         ]
         await asyncio.gather(rss_loop(pid, args.rss_every, end, rss), *tasks)
         elapsed = time.monotonic() - start
@@ -187,6 +189,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--sessions", type=int, default=200, help="concurrent streaming sessions")
     ap.add_argument("--duration", type=float, default=300.0, help="seconds of load")
+    ap.add_argument(
+        "--sessions-per-key",
+        type=int,
+        default=25,
+        help="sessions sharing one agent key (the per-key limits default to 128 concurrent "
+        "calls and 100 requests/s; the load is many agents, not one key over its limit)",
+    )
     ap.add_argument("--turns", type=int, default=8, help="turns before a session starts over")
     ap.add_argument("--token-delay-ms", type=float, default=10.0, help="stub: pause per token")
     ap.add_argument("--rss-every", type=float, default=5.0, help="seconds between RSS samples")
@@ -196,6 +205,8 @@ def main() -> None:
     if not (0 < args.duration <= 3600 and 0 < args.sessions <= 2000):
         ap.error("--duration must be in (0, 3600] and --sessions in (0, 2000]")
 
+    # SIGTERM runs the cleanup below too (the stub and the gateway are stopped)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tmp = Path(tempfile.mkdtemp(prefix="rlgate-load-"))
     procs: list[subprocess.Popen] = []
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -232,13 +243,16 @@ def main() -> None:
         cli = [sys.executable, "-m", "gateway.cli"]
         genv = {**env, **gw_env}
         subprocess.run([*cli, "migrate"], env=genv, check=True, capture_output=True)
-        key = subprocess.run(
-            [*cli, "keys", "create", "--project", "bench", "--kind", "agent"],
-            env=genv,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
+        keys = [
+            subprocess.run(
+                [*cli, "keys", "create", "--project", "bench", "--kind", "agent"],
+                env=genv,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            for _ in range(max(1, -(-args.sessions // args.sessions_per_key)))
+        ]
         port = free_port()
         gw = spawn([*cli, "gateway", "--port", str(port)], "gateway.log", gw_env)
         gw_url = f"http://127.0.0.1:{port}"
@@ -250,9 +264,9 @@ def main() -> None:
 
         load_before = os.getloadavg()
         started = datetime.now(UTC)
-        result = asyncio.run(drive(args, gw_url + "/v1/chat/completions", key, gw.pid))
+        result = asyncio.run(drive(args, gw_url + "/v1/chat/completions", keys, gw.pid))
         load_after = os.getloadavg()
-        time.sleep(3.0)  # the recorder's last batch
+        time.sleep(5.0)  # the recorder's last batch
         recorded = None
         if db_url.startswith("sqlite"):
             with sqlite3.connect(db_url.removeprefix("sqlite:///")) as db:
@@ -261,6 +275,7 @@ def main() -> None:
             "started_utc": started.strftime("%Y-%m-%d %H:%M:%S"),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores",
             "sessions": args.sessions,
+            "keys": len(keys),
             "duration_s": args.duration,
             "token_delay_ms": args.token_delay_ms,
             "loadavg_before": [round(x, 2) for x in load_before],

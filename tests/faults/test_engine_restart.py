@@ -59,6 +59,7 @@ def test_engine_down_503s_per_api_then_recovery_without_gateway_restart(
         with ThreadPoolExecutor(4) as pool:
             results = [x for xs in pool.map(hammer, range(8)) for x in xs]
         bad = [x for x in results if not x[3]]
+        print(f"engine down: {sum(x[3] for x in results)} of {len(results)} calls a clean 503")
         assert not bad, bad
         assert len(results) == 8 * 2 * 3
         assert gw.proc.poll() is None
@@ -77,6 +78,7 @@ def test_engine_down_503s_per_api_then_recovery_without_gateway_restart(
                         break
                     time.sleep(0.5)
                 assert r.status_code == 200, r.text
+                print("engine back on the same port: the same gateway serves again")
                 for stream in (False, True):
                     for api, (path, body) in call_shapes("Again.", stream).items():
                         r = post(c, gw.url, key, path, body)

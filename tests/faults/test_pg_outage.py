@@ -103,6 +103,10 @@ def test_postgres_outage_serving_continues_and_everything_lands(private_pg, engi
         order = [(by_id[x].session_id, by_id[x].seq) for x in ids]
         for (s1, q1), (s2, q2) in zip(order, order[1:], strict=False):
             assert s1 != s2 or q2 > q1, (s1, q1, q2)
+    print(
+        f"PostgreSQL down {OUTAGE_S:.0f} s: calls by phase and status {dict(outcomes)}; "
+        f"{len(all_acked)} acknowledged, {len(all_acked - set(by_id))} lost after recovery"
+    )
     # serving continued through the outage: every call answered
     assert outcomes[("outage", "200")] >= CLIENTS, (dict(outcomes), failures[:3])
     assert not failures, (dict(outcomes), failures[:3])

@@ -103,6 +103,11 @@ def test_sigkill_under_concurrent_sessions_loses_and_repeats_nothing(pg_url, eng
             seqs[r.session_id].append(r.seq)
         for sid, s in seqs.items():
             assert sorted(s) == list(range(len(s))), (sid, sorted(s))
+        print(
+            f"SIGKILL: {len(all_acked)} acknowledged in {len(seqs)} sessions, "
+            f"{len(all_acked - set(by_id))} lost, {len(found) - len(by_id)} duplicated, "
+            f"{len(found) - len(all_acked)} recorded but not acknowledged (in flight)"
+        )
         for i, ids in acknowledged.items():
             sessions = {by_id[x].session_id for x in ids}
             assert len(sessions) == 1, (i, sessions)  # one conversation, one session

@@ -10,7 +10,7 @@ sizes (max_tokens and friends, n) are bounded so that accepted calls stay short 
 engine; everything else is generated freely, in schemathesis's positive and negative
 modes. Every operation in the document is fuzzed; none is excluded.
 
-Bounded: RLGATE_FUZZ_EXAMPLES examples per operation (default 12), no per-example
+Bounded: RLGATE_FUZZ_EXAMPLES examples per operation (default 6), no per-example
 deadline (the engine's latency is not what is tested), one check: not_a_server_error.
 """
 
@@ -39,7 +39,7 @@ from tests.servers import gateway
 
 pytestmark = pytest.mark.timeout(900)
 
-EXAMPLES = int(os.environ.get("RLGATE_FUZZ_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("RLGATE_FUZZ_EXAMPLES", "6"))
 # bounded output so an accepted call is a short generation (the engine is real)
 BOUNDS = {
     "max_tokens": 4,
