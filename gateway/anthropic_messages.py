@@ -364,12 +364,25 @@ def _tool_input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"arguments": value}
 
 
-def stop_info(prep: Prepared, c: Completion, tokenizer: Any) -> tuple[str, str | None]:
-    """(stop_reason, stop_sequence) in Anthropic's terms."""
+def stop_info(
+    prep: Prepared, c: Completion, tokenizer: Any, context_length: int | None = None
+) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) in Anthropic's terms.
+
+    ``max_tokens`` only when the client's own ``max_tokens`` was reached. When it did not
+    fit the context (Claude Code asks for 32000), the routes drop it and the answer gets
+    what the context leaves, or the gateway's RLGATE_DEFAULT_MAX_TOKENS if smaller: a cut
+    at the end of the context is ``model_context_window_exceeded``, a cut by the gateway's
+    default is ``end_turn`` (Claude Code treats both others as a failed turn; the record
+    keeps finish_reason ``length``), as Responses reports ``completed`` then."""
     if c.tool_calls:
         return "tool_use", None
     if c.finish_reason == "length":
-        return "max_tokens", None
+        if prep.req.sampling.max_tokens is not None:
+            return "max_tokens", None
+        if context_length and len(prep.prompt_ids) + len(c.output_ids) >= context_length:
+            return "model_context_window_exceeded", None
+        return "end_turn", None
     stops = prep.req.sampling.stop
     if stops and c.output_ids and c.output_ids[-1] != tokenizer.eos_token_id:
         # the engine trims the matched stop string from the text, the ids keep it
@@ -404,8 +417,10 @@ def content_blocks(c: Completion) -> list[dict[str, Any]]:
     return blocks
 
 
-def message_body(prep: Prepared, c: Completion, tokenizer: Any, model: str) -> dict[str, Any]:
-    reason, seq = stop_info(prep, c, tokenizer)
+def message_body(
+    prep: Prepared, c: Completion, tokenizer: Any, model: str, context_length: int | None = None
+) -> dict[str, Any]:
+    reason, seq = stop_info(prep, c, tokenizer, context_length)
     return {
         "id": prep.interaction_id,
         "type": "message",
@@ -570,7 +585,7 @@ async def stream_body(
         yield chunk
     # the record is durable before the client sees the end of the message
     await pipeline.record(prep, [finished])
-    reason, seq = stop_info(prep, finished, tokenizer)
+    reason, seq = stop_info(prep, finished, tokenizer, pipeline.renderer.context_length)
     yield _event(
         {
             "type": "message_delta",

@@ -58,7 +58,8 @@ async def messages(request: Request) -> Response:
     (completion,) = await gw.pipeline.run(prep)
     await gw.pipeline.record(prep, [completion])
     return JSONResponse(
-        am.message_body(prep, completion, gw.tokenizer, model), headers=headers_for(prep)
+        am.message_body(prep, completion, gw.tokenizer, model, gw.pipeline.renderer.context_length),
+        headers=headers_for(prep),
     )
 
 

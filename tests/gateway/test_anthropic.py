@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import anthropic
 import httpx
@@ -203,7 +204,8 @@ def test_tool_use_tool_result_round_trip(stack, tok):
 
 def test_max_tokens_beyond_the_context_is_clamped(stack, tok):
     """Claude Code asks for max_tokens=32000 whatever the model: the answer is capped by
-    what the context leaves after the prompt, not refused."""
+    what the context leaves after the prompt, not refused; a cut at the end of the context
+    is model_context_window_exceeded, not max_tokens (the client's limit was not reached)."""
     from tests.gateway.conftest import ENGINE_CONTEXT
 
     base = len(template_ids(tok, [{"role": "user", "content": ""}]))
@@ -217,7 +219,8 @@ def test_max_tokens_beyond_the_context_is_clamped(stack, tok):
         extra_body={"temperature": 0},
     )
     assert msg.usage.input_tokens == n
-    assert msg.usage.output_tokens <= ENGINE_CONTEXT - n
+    assert msg.usage.output_tokens == ENGINE_CONTEXT - n
+    assert msg.stop_reason == "model_context_window_exceeded"
 
 
 def test_metadata_user_id_names_the_session(stack):
@@ -437,11 +440,19 @@ def test_translator_stop_sequence():
     assert body["stop_reason"] == "stop_sequence" and body["stop_sequence"] == "ef"
     c = _completion("cd", [], reason="length", ids=(3, 4))
     assert am.message_body(prep, c, _Tok(), "policy")["stop_reason"] == "max_tokens"
+    # the client's max_tokens did not fit and was dropped: the context or the gateway's
+    # default cut the answer, not the client's limit
+    prep.req.sampling.max_tokens = None
+    assert am.message_body(prep, c, _Tok(), "policy", 5)["stop_reason"] == (
+        "model_context_window_exceeded"
+    )
+    assert am.message_body(prep, c, _Tok(), "policy", 2048)["stop_reason"] == "end_turn"
 
 
 async def _collect(prep, events):  # type: ignore[no-untyped-def]
     class _P:
         recorded: list = []
+        renderer = SimpleNamespace(context_length=2048)
 
         async def record(self, prep, completions):  # type: ignore[no-untyped-def]
             self.recorded.extend(completions)

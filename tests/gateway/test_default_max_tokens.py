@@ -3,6 +3,7 @@ max_output_tokens; a 135M policy may then write until its context is full)."""
 
 from __future__ import annotations
 
+import anthropic
 import openai
 
 from gateway.db import make_engine, session_factory, transaction
@@ -39,3 +40,15 @@ def test_default_max_tokens_caps_only_requests_without_a_limit(sqlite_url, tmp_p
         assert resp.usage.output_tokens == 6
         assert resp.status == "incomplete"
         assert resp.incomplete_details.reason == "max_output_tokens"
+        # Messages: Claude Code asks for max_tokens 32000, more than the context leaves; the
+        # gateway drops it, so the cap applies, and the cut is not the client's limit:
+        # end_turn (Claude Code fails a turn that ends with max_tokens)
+        a = anthropic.Anthropic(base_url=gw.url, api_key=secret, max_retries=0, timeout=120)
+        kw = {"model": "claude-sonnet-4-6", "messages": STORY, "extra_body": {"temperature": 0}}
+        msg = a.messages.create(max_tokens=32000, **kw)
+        assert msg.usage.output_tokens == 5 and msg.stop_reason == "end_turn"
+        with a.messages.stream(max_tokens=32000, **kw) as s:
+            assert s.get_final_message().stop_reason == "end_turn"
+        # its own limit reached is max_tokens
+        msg = a.messages.create(max_tokens=6, **kw)
+        assert msg.usage.output_tokens == 6 and msg.stop_reason == "max_tokens"
