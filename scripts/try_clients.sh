@@ -14,9 +14,11 @@
 # CLIENTS selects the checks (default "claude openclaw codex sdk").
 # OPENCLAW_APIS: the OpenClaw provider APIs to try (default "openai-completions
 #   anthropic-messages openai-responses").
-# Claude Code also runs in its default mode (its own system prompt and tools, about 23k
+# Claude Code also runs in its default mode (its own system prompt and tools, 21k-31k
 # prompt tokens): with a short-context policy the check passes when the gateway answers
-# with the context-length error that names both token counts.
+# with the context-length error that names both token counts. Its session-title request
+# (structured output through output_config.format) is asked for with the SDK control
+# protocol (`generate_session_title`) and passes when Claude Code gets a title.
 # The packaged model is slow on CPU and does not always stop by itself: allow minutes.
 set -uo pipefail
 
@@ -111,7 +113,29 @@ if want claude; then
       --model claude-sonnet-4-6 --bare --system-prompt "You are a helpful assistant." --tools ""
     check_claude "claude -p (bare, continue session)" "And goodbye?" --continue \
       --model claude-sonnet-4-6 --bare --system-prompt "You are a helpful assistant." --tools ""
-    # Default mode, as its users run it (about 23k prompt tokens with its tools): a
+    # Session title (structured output: output_config.format with a JSON schema), asked
+    # through the SDK control protocol on stdin; stdin stays open until the answer came.
+    before=$(recorded)
+    title_out=$CLIENTS_DIR/title.jsonl
+    : >"$title_out"
+    {
+      printf '%s\n' '{"type":"control_request","request_id":"i0","request":{"subtype":"initialize"}}' \
+        '{"type":"control_request","request_id":"t1","request":{"subtype":"generate_session_title","description":"Fix the failing unit test in the parser module","persist":false}}'
+      for _ in $(seq 300); do
+        grep -q '"request_id":"t1"' "$title_out" && break
+        sleep 1
+      done
+    } | HOME="$CLIENTS_DIR/home" ANTHROPIC_BASE_URL="$BASE_URL" ANTHROPIC_AUTH_TOKEN="$KEY" \
+      CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_AUTOUPDATER=1 DISABLE_TELEMETRY=1 \
+      timeout 330 "$CLIENTS_DIR/node_modules/.bin/claude" -p --input-format stream-json \
+      --output-format stream-json --verbose >"$title_out" 2>&1
+    title=$(grep '"request_id":"t1"' "$title_out" | grep -oE '"title":"[^"]+"')
+    if [ -n "$title" ]; then
+      check "claude session title (output_config.format json_schema)" 0 "$title" "$before"
+    else
+      check "claude session title (output_config.format json_schema)" 1 "$(tail -c 400 "$title_out")"
+    fi
+    # Default mode, as its users run it (21k-31k prompt tokens with its tools): a
     # completed turn, or the gateway's context-length error naming both token counts.
     before=$(recorded)
     out=$(claude_run "What is 2 + 3?" --model claude-sonnet-4-6)
