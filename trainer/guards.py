@@ -31,7 +31,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from schemas.tables import InteractionRow, PolicyVersionRow
@@ -178,8 +178,23 @@ def serving_measured(db: Session, project_id: str, cfg: TrainConfig) -> bool:
             PolicyVersionRow.project_id == project_id, PolicyVersionRow.status == "serving"
         )
     ).first()
-    name, version = (row.name, row.version) if row else ("base", 0)
-    return len(version_stats(db, project_id, name, version).units) >= cfg.guard_min_samples
+    name = row.name if row else "base"
+    rated = (
+        InteractionRow.project_id == project_id,
+        InteractionRow.policy_version == name,
+        InteractionRow.reward.is_not(None),
+    )
+    groups = db.scalar(
+        select(func.count(func.distinct(InteractionRow.group_id))).where(
+            *rated, InteractionRow.group_id.is_not(None)
+        )
+    )
+    singles = db.scalar(
+        select(func.count())
+        .select_from(InteractionRow)
+        .where(*rated, InteractionRow.group_id.is_(None))
+    )
+    return int(groups or 0) + int(singles or 0) >= cfg.guard_min_samples
 
 
 def check(db: Session, project_id: str, cfg: TrainConfig) -> Trip | None:
