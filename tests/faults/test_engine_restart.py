@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.faults.helpers import call_shapes, post, rows, setup_db
+from tests.faults.helpers import call_shapes, post, rows, setup_db, wait_rows
 from tests.servers import engine_cmd, free_port, gateway, running
 
 pytestmark = pytest.mark.timeout(600)
@@ -39,11 +39,15 @@ def test_engine_down_503s_per_api_then_recovery_without_gateway_restart(
         running(engine_cmd(port, *ENGINE_ARGS), {}, eng_log, port) as eng,
         gateway(tmp_path / "gw", sqlite_url, eng.url) as gw,
     ):
+        warm = set()
         with httpx.Client(timeout=120) as c:
             for api, (path, body) in call_shapes("Say hi.", False).items():
                 r = post(c, gw.url, key, path, body)
                 assert r.status_code == 200, (api, r.text)
-        before = len(rows(factory))
+                warm.add(r.json()["id"])
+        # recording is asynchronous: count once the three answers are in the database
+        before = len(wait_rows(factory, warm, timeout=60))
+        assert before == 3
         eng.kill(signal.SIGKILL)
 
         # load while the engine is down: every call of every shape is a clean 503
