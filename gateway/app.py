@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway import exposure, openai_chat
 from gateway.auth import BOOTSTRAP_ADMIN_ID, Authenticator, require_kind
-from gateway.db import check_connection, make_engine, session_factory
+from gateway.db import DB_DOWN, check_connection, db_down_error, make_engine, session_factory
 from gateway.engine_client import EngineClient
 from gateway.errors import APIError, bad_request, error_response
 from gateway.feedback import session_closed
@@ -359,6 +359,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, DB_DOWN):  # e.g. feedback or an admin read while it is down
+            log.warning("database unreachable on %s: %s", request.url.path, exc)
+            return error_response(request, db_down_error())
         log.exception("unexpected error on %s", request.url.path)
         return error_response(request, APIError(500, "internal error; see the gateway log"))
 

@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from fastapi import Request
 from sqlalchemy.orm import Session, sessionmaker
 
+from gateway.db import DB_DOWN, STALE_IF_DOWN_S, db_down_error
 from gateway.errors import APIError
 from gateway.keys import lookup_key
 
 BOOTSTRAP_ADMIN_ID = "bootstrap-admin"
 CACHE_TTL_S = 2.0  # a revoked key stops working within this long on every replica
+# (while the database is unreachable, a key verified in the last STALE_IF_DOWN_S still works)
 
 
 @dataclass(frozen=True)
@@ -68,9 +70,16 @@ class Authenticator:
         hit = self._cache.get(secret)
         if hit and now - hit[0] < CACHE_TTL_S:
             return hit[1]
-        with self.factory() as db:
-            row = lookup_key(db, secret, session_grace_s=self.session_grace_s)
-            principal = Principal(row.id, row.project_id, row.kind, row.session_id) if row else None
+        try:
+            with self.factory() as db:
+                row = lookup_key(db, secret, session_grace_s=self.session_grace_s)
+                principal = (
+                    Principal(row.id, row.project_id, row.kind, row.session_id) if row else None
+                )
+        except DB_DOWN:  # a key verified recently keeps working while the database is down
+            if hit and now - hit[0] < STALE_IF_DOWN_S:
+                return hit[1]
+            raise db_down_error() from None
         if principal is None:
             self._cache.pop(secret, None)
             raise APIError(401, "invalid or revoked API key")

@@ -32,6 +32,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from gateway.db import DB_DOWN, STALE_IF_DOWN_S
 from schemas.tables import ProjectRow
 
 log = logging.getLogger("rlgate.redaction")
@@ -273,9 +274,15 @@ class RedactionPolicy:
             return hit[1]
         settings = None
         if self.factory is not None:
-            with self.factory() as db:
-                project = db.get(ProjectRow, project_id)
-                settings = dict(project.settings or {}) if project is not None else None
+            try:
+                with self.factory() as db:
+                    project = db.get(ProjectRow, project_id)
+                    settings = dict(project.settings or {}) if project is not None else None
+            except DB_DOWN:
+                if hit and now - hit[0] < STALE_IF_DOWN_S:
+                    return hit[1]  # the project's setting as last read
+                # never read: fail closed (redacted with the built-in kinds, ids dropped)
+                return Redactor(self.patterns, config_error="project settings unreadable")
         redactor = self._build(settings)
         self._cache[project_id] = (now, redactor)
         return redactor

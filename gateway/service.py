@@ -20,6 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.auth import Principal
+from gateway.db import DB_DOWN, STALE_IF_DOWN_S, db_down_error
 from gateway.engine_client import EngineClient
 from gateway.errors import APIError, bad_request
 from gateway.metrics import Metrics
@@ -85,15 +86,21 @@ class ServingPolicy:
         hit = self._cache.get(project_id)
         if hit and now - hit[0] < self.ttl_s:
             return hit[1]
-        with self.factory() as db:
-            name = db.scalars(
-                select(PolicyVersionRow.name)
-                .where(
-                    PolicyVersionRow.project_id == project_id, PolicyVersionRow.status == "serving"
-                )
-                .order_by(PolicyVersionRow.version.desc())
-                .limit(1)
-            ).first()
+        try:
+            with self.factory() as db:
+                name = db.scalars(
+                    select(PolicyVersionRow.name)
+                    .where(
+                        PolicyVersionRow.project_id == project_id,
+                        PolicyVersionRow.status == "serving",
+                    )
+                    .order_by(PolicyVersionRow.version.desc())
+                    .limit(1)
+                ).first()
+        except DB_DOWN:  # keep serving the version last read while the database is down
+            if hit and now - hit[0] < STALE_IF_DOWN_S:
+                return hit[1]
+            raise db_down_error() from None
         self._cache[project_id] = (now, name)
         return name
 

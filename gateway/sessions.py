@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import secrets
 import threading
 from collections import OrderedDict
@@ -24,12 +25,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gateway.auth import Principal
+from gateway.db import DB_DOWN
 from gateway.errors import APIError
 from gateway.request import Message
 from gateway.storable import check_session_fields
 from schemas.atdp import Session as AtdpSession
 from schemas.coltypes import utcnow
 from schemas.tables import InteractionRow, SessionRow
+
+log = logging.getLogger("rlgate.sessions")
 
 
 def new_session_id() -> str:
@@ -92,6 +96,9 @@ class SessionStore:
         # sessions opened by a call whose records are not committed yet
         self.pending: OrderedDict[str, dict] = OrderedDict()
         self.pending_external: dict[tuple[str, str], str] = {}
+        # (project, external id) -> session id of sessions already in the database, so a
+        # named session continues while the database is unreachable
+        self.known_external: OrderedDict[tuple[str, str], str] = OrderedDict()
         self.lock = threading.Lock()
 
     def committed(self, session_ids: set[str]) -> None:
@@ -100,7 +107,16 @@ class SessionStore:
             for sid in session_ids:
                 row = self.pending.pop(sid, None)
                 if row and row.get("external_id"):
-                    self.pending_external.pop((row["project_id"], row["external_id"]), None)
+                    key = (row["project_id"], row["external_id"])
+                    self.pending_external.pop(key, None)
+                    self._know(key, sid)
+
+    def _know(self, key: tuple[str, str], session_id: str) -> None:
+        """Remember a committed named session (caller holds the lock)."""
+        self.known_external[key] = session_id
+        self.known_external.move_to_end(key)
+        while len(self.known_external) > 50_000:
+            self.known_external.popitem(last=False)
 
     def remember(
         self, project: str, key_id: str, session_id: str, interaction_id: str, continuation: str
@@ -111,9 +127,10 @@ class SessionStore:
             self.recent.popitem(last=False)
 
     def _find_parent(
-        self, db: Session, p: Principal, hashes: list[str], session_id: str | None
+        self, db: Session | None, p: Principal, hashes: list[str], session_id: str | None
     ) -> tuple[str, str] | None:
-        """(session id, interaction id) of the longest earlier conversation this extends."""
+        """(session id, interaction id) of the longest earlier conversation this extends;
+        with ``db`` None (the database is down), only what this gateway remembers."""
         if not hashes:
             return None
         for h in hashes:  # longest first
@@ -125,6 +142,8 @@ class SessionStore:
                 and (session_id is not None or hit[1] == p.key_id)
             ):
                 return hit[2], hit[3]
+        if db is None:
+            return None
         q = (
             select(InteractionRow.continuation_hash, InteractionRow.session_id, InteractionRow.id)
             .join(SessionRow, SessionRow.id == InteractionRow.session_id)
@@ -190,6 +209,49 @@ class SessionStore:
         a session id or agent name the sessions table cannot store."""
         check_session_fields(external_id, agent)
         hashes = prefix_hashes(messages)
+        try:
+            return self._resolve(p, hashes, protocol, external_id, agent)
+        except DB_DOWN:
+            log.warning("database unreachable: session of key %s resolved from memory", p.key_id)
+            return self._resolve_offline(p, hashes, protocol, external_id, agent)
+
+    def _resolve_offline(
+        self,
+        p: Principal,
+        hashes: list[str],
+        protocol: str,
+        external_id: str | None,
+        agent: str | None,
+    ) -> SessionContext:
+        """resolve() while the database is unreachable, from what this gateway remembers:
+        pending and recently committed named sessions, recent continuations. A named
+        session it has never seen is opened anew (a second session for that name once the
+        database is back, rather than a refused call)."""
+        if p.session_id:
+            hit = self._find_parent(None, p, hashes, p.session_id)
+            sid = p.session_id
+        elif external_id:
+            with self.lock:
+                key = (p.project_id, external_id)
+                sid = self.pending_external.get(key) or self.known_external.get(key)
+            if sid is None:
+                return self._create(p, protocol, external_id, agent)
+            hit = self._find_parent(None, p, hashes, sid)
+        else:
+            hit = self._find_parent(None, p, hashes, None)
+            if hit is None:
+                return self._create(p, protocol, None, agent)
+            sid = hit[0]
+        return SessionContext(sid, hit[1] if hit else None, False, self._pending(sid))
+
+    def _resolve(
+        self,
+        p: Principal,
+        hashes: list[str],
+        protocol: str,
+        external_id: str | None,
+        agent: str | None,
+    ) -> SessionContext:
         with self.factory() as db:
             if p.session_id:  # (a) per-session key
                 row = db.get(SessionRow, p.session_id)
@@ -220,6 +282,8 @@ class SessionStore:
                     .limit(1)
                 ).first()
                 if row is not None:
+                    with self.lock:
+                        self._know((p.project_id, external_id), row.id)
                     hit = self._find_parent(db, p, hashes, row.id)
                     return SessionContext(row.id, hit[1] if hit else None, False)
                 return self._create(p, protocol, external_id, agent)
