@@ -200,31 +200,47 @@ def eval_score(
     is missing, fails, or abstains on every prompt, or the engine refuses a prompt (4xx);
     a transport error or 5xx is a :class:`PublishError` (retried by the next tick)."""
     verify = resolve(gate.verifier)
-    total, abstained = 0.0, 0
+    # one batched /generate per kind of prompt (SGLang takes a list of input_ids or of
+    # texts), so the engine runs them together instead of one after another
+    outputs: dict[int, dict[str, Any]] = {}
     with _client(TIMEOUT_S, headers) as client:
-        for i, item in enumerate(gate.prompts):
+        for kind in ("input_ids", "text"):
+            idx = [
+                i
+                for i, item in enumerate(gate.prompts)
+                if (item.input_ids is not None) == (kind == "input_ids")
+            ]
+            if not idx:
+                continue
+            batch = [
+                list(gate.prompts[i].input_ids or [])
+                if kind == "input_ids"
+                else gate.prompts[i].prompt
+                for i in idx
+            ]
             body: dict[str, Any] = {
-                "lora_path": adapter,
+                kind: batch,
+                "lora_path": [adapter] * len(idx),
                 "return_logprob": True,  # the verifier sees a complete Interaction
                 "sampling_params": {"temperature": 0, "max_new_tokens": gate.max_new_tokens},
             }
-            if item.input_ids is not None:
-                body["input_ids"] = list(item.input_ids)
-            else:
-                body["text"] = item.prompt
+            where = f"eval prompts {idx[0]}..{idx[-1]}"
             try:
                 r = client.post(f"{engine_url}/generate", json=body)
             except httpx.HTTPError as e:
-                raise PublishError(f"eval prompt {i}: {engine_url}: {type(e).__name__}: {e}") from e
+                raise PublishError(f"{where}: {engine_url}: {type(e).__name__}: {e}") from e
             if 400 <= r.status_code < 500:
-                raise GateError(f"the engine refused eval prompt {i}: {r.text[:300]}")
+                raise GateError(f"the engine refused {where}: {r.text[:300]}")
             if r.status_code != 200:
-                raise PublishError(f"eval prompt {i}: {engine_url}: {r.status_code} {r.text[:300]}")
-            score = score_output(verify, gate.verifier, params or {}, i, item, adapter, r.json())
-            if score is None:
-                abstained += 1
-            else:
-                total += score
+                raise PublishError(f"{where}: {engine_url}: {r.status_code} {r.text[:300]}")
+            outputs.update(zip(idx, r.json(), strict=True))
+    total, abstained = 0.0, 0
+    for i, item in enumerate(gate.prompts):
+        score = score_output(verify, gate.verifier, params or {}, i, item, adapter, outputs[i])
+        if score is None:
+            abstained += 1
+        else:
+            total += score
     if abstained == len(gate.prompts):
         raise GateError(
             f"verifier {gate.verifier!r} abstained on every eval prompt (give each prompt an "
