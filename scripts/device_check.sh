@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# GPU path check (docs/trainer.md, "GPU check"): the trainer's CUDA bfloat16 step and the
+# engine's forward against CPU float32, on a random-weight model of the packaged
+# SmolLM2-135M's architecture; tokens/s of a trainer step and a forward. Exits 1 on FAIL.
+#
+#   scripts/device_check.sh [--cpu-only] [--tiny] [--json FILE]   run the check
+#   scripts/device_check.sh --fetch-wheels                         (once, with network)
+#
+# Without a GPU (or with --cpu-only) it compares CPU bfloat16 with CPU float32 through the
+# same code. Python: .venv/bin/python when present, else python3. The trainer's modules
+# import SQLAlchemy and Pydantic (trainer/data.py -> schemas); a machine whose python3 lacks
+# them (the lent GPU machine has PyTorch, transformers and PEFT, nothing can be installed
+# from the network there) gets them from .device-wheels/, which --fetch-wheels fills here
+# (CPython 3.12, manylinux x86-64, the versions installed in .venv) and marks as ignored in
+# .git/info/exclude so that it can travel as a carried path.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WHEELS=.device-wheels
+
+if [ "${1:-}" = --fetch-wheels ]; then
+  [ -x .venv/bin/python ] || { echo "needs .venv (bash scripts/setup)" >&2; exit 2; }
+  pins=$(.venv/bin/python - <<'EOF'
+from importlib.metadata import version
+names = ["pydantic", "pydantic_core", "annotated_types", "typing_inspection", "SQLAlchemy"]
+print(" ".join(f"{n}=={version(n)}" for n in names))
+EOF
+)
+  rm -rf "$WHEELS" && mkdir -p "$WHEELS"
+  # shellcheck disable=SC2086
+  .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d "$WHEELS" $pins
+  grep -qxF "/$WHEELS/" .git/info/exclude 2>/dev/null || echo "/$WHEELS/" >> .git/info/exclude
+  ls -1 "$WHEELS"
+  exit 0
+fi
+
+PY=python3
+[ -x .venv/bin/python ] && PY=.venv/bin/python
+if ! "$PY" -c "import sqlalchemy, pydantic" 2>/dev/null; then
+  if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+    echo "$PY lacks sqlalchemy/pydantic and $WHEELS/ is empty: run" \
+      "scripts/device_check.sh --fetch-wheels first and carry $WHEELS" >&2
+    exit 2
+  fi
+  site=$(mktemp -d /tmp/rlgate-device-site-XXXXXX)
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
+    "$WHEELS"/*.whl
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+exec "$PY" scripts/device_check.py "$@"
