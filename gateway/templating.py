@@ -218,8 +218,5 @@ class ChatRenderer:
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         return text, ids
 
-    def count(self, messages: list[Message], tools: list[Tool]) -> int:
-        return len(self.render(messages, tools)[1])
-
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -139,7 +139,7 @@ def snippets(base: str, agent_key: str, model: str, call_id: str | None = None) 
       -H "Content-Type: application/json" \\
       -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
 
-  Claude Code (its default prompt, ~30k tokens, needs a long-context policy; with the
+  Claude Code (its default prompt, 21-31k tokens, needs a long-context policy; with the
   packaged model, whose context is short, use a short one):
     ANTHROPIC_BASE_URL={base} ANTHROPIC_AUTH_TOKEN={agent_key} claude -p --bare \
       --system-prompt "You are a helpful assistant." --tools "" "Hello!"
