@@ -233,14 +233,17 @@ def demo(
 ) -> None:
     """Watch an agent learn arithmetic: serve, rate, train, hot-swap, evaluate.
 
-    Runs the whole embedded stack on its own database under <data dir>/demo.
+    Runs the whole embedded stack on its own database under <data dir>/demo, which each
+    run clears first (its database, adapters, spool and logs): every run starts from the
+    base model.
     """
     from pathlib import Path
 
-    from gateway.demo import run_demo
+    from gateway.demo import fresh_state, run_demo
 
     base = load_settings()
     data_dir = base.data_dir / "demo"
+    fresh_state(data_dir)  # every run starts from the base model
     settings = base.model_copy(update={"data_dir": data_dir, "database_url": "", "broker_url": ""})
     # reuse the converted packaged model instead of converting it again
     models = data_dir / "models"

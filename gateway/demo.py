@@ -34,9 +34,25 @@ import httpx
 from gateway.settings import Settings
 
 PROMPT = "What is {a} + {b}? Reply with only the number."
+# One worked exchange before the question, as an agent's prompt would carry: the base
+# model then answers with a bare number about half the time (0.1% without it), so
+# exactly right answers occur from the first minute and need no format credit.
+EXAMPLE = (3, 4)
+
+
+def messages(a: int, b: int) -> list[dict]:
+    """The chat the agent sends for "a + b": the worked example, then the question."""
+    x, y = EXAMPLE
+    return [
+        {"role": "user", "content": PROMPT.format(a=x, b=y)},
+        {"role": "assistant", "content": str(x + y)},
+        {"role": "user", "content": PROMPT.format(a=a, b=b)},
+    ]
+
+
 PROJECT = "demo"
-SAMPLING_TEMPERATURE = 1.0
-MAX_TOKENS = 8  # a bare number is 1-3 tokens; longer answers only cost sampling time
+SAMPLING_TEMPERATURE = 0.7
+MAX_TOKENS = 8
 GATE_SIZE = 8  # validation questions of the eval gate (2 x 8 greedy requests per publish)
 # The demo project's tempo (Project.settings["training"]); everything else is the default
 # of trainer/config.py. A run as soon as 8 groups of 8 that carry signal wait (the default
@@ -45,7 +61,7 @@ GATE_SIZE = 8  # validation questions of the eval gate (2 x 8 greedy requests pe
 TRAINING = {
     "schedule_minutes": 0.25,
     "min_samples": 32,
-    "max_samples": 128,
+    "max_samples": 64,
 }
 
 
@@ -55,21 +71,14 @@ def exact_match(text: str | None, expected: int) -> bool:
 
 
 def score(text: str | None, expected: int) -> float:
-    """The verifier. 1 for exactly the number. The small base model almost never answers
-    tersely ("4 + 6 = 10"), so partial credit points it there: the right number inside a
-    longer answer earns 0.25 plus up to 0.5 the shorter the answer ("= 24": 0.5,
-    "5 + 19 = 24": 0.34). Every credit needs the right number: a wrong answer earns 0,
-    whatever its format. (A flat 0.1 for any bare number was an attractor: one constant
-    wrong number collected it on every question, every group had zero variance and the
-    policy collapsed. Closeness credit taught a typical sum ("11") to every question.)"""
-    if exact_match(text, expected):
-        return 1.0
-    from trainer.verifiers import last_number
-
-    stripped = (text or "").strip()
-    if last_number(text) == expected:
-        return 0.25 + 0.5 * len(str(expected)) / max(len(stripped), 1)
-    return 0.0
+    """The verifier: 1 for exactly the number, 0 for anything else. The worked example in
+    the prompt makes a bare number the base model's usual answer, so right answers occur
+    from the start and need no format credit. (Any other credit was an attractor: a flat
+    0.1 for a bare number let one constant wrong number collect it on every question and
+    collapse the policy; closeness credit taught a typical sum ("11") to every question;
+    credit for the right number inside a longer answer taught "4 + 14 = 18", never
+    exactly right.)"""
+    return 1.0 if exact_match(text, expected) else 0.0
 
 
 Pairs = list[tuple[int, int]]
@@ -80,7 +89,7 @@ def split_pairs(
 ) -> tuple[Pairs, Pairs, Pairs]:
     """(train, held-out, validation): disjoint; the held-out set is what the curve reports,
     the validation set is the eval gate's."""
-    pairs = [(a, b) for a in range(1, 21) for b in range(1, 21)]
+    pairs = [(a, b) for a in range(1, 21) for b in range(1, 21) if (a, b) != EXAMPLE]
     rng = random.Random(seed)
     rng.shuffle(pairs)
     held_out, validation = pairs[:eval_size], pairs[eval_size : eval_size + gate_size]
@@ -96,7 +105,7 @@ def eval_gate(model_dir: Path, validation: Pairs) -> dict:
     prompts = []
     for a, b in validation:
         text = tok.apply_chat_template(
-            [{"role": "user", "content": PROMPT.format(a=a, b=b)}],
+            messages(a, b),
             tokenize=False,
             add_generation_prompt=True,
         )
@@ -151,7 +160,7 @@ class Demo:
     async def ask(self, a: int, b: int, *, n: int, temperature: float) -> tuple[str, object]:
         raw = await self.client.chat.completions.with_raw_response.create(
             model="rlgate-policy",
-            messages=[{"role": "user", "content": PROMPT.format(a=a, b=b)}],
+            messages=messages(a, b),
             n=n,
             temperature=temperature,
             max_tokens=MAX_TOKENS,
@@ -283,6 +292,23 @@ async def _run(
         await demo.http.aclose()
 
 
+def fresh_state(data_dir: Path) -> None:
+    """Clear an earlier run's state under ``data_dir`` (database, broker, adapters, spool,
+    logs), keeping the converted model and earlier curves: a run starts from the base model,
+    never from the adapter an earlier run left serving."""
+    import shutil
+
+    if not data_dir.is_dir():
+        return
+    for path in data_dir.iterdir():
+        if path.name in ("models", "out"):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
 def plot(curve: Curve, path: Path, title: str) -> None:
     import matplotlib
 
@@ -348,7 +374,7 @@ def run_demo(
         port,
         engine_port,
         trainer=True,
-        extra_env={"RLGATE_TRAIN_TICK_S": "5", "RLGATE_DEFAULT_PROJECT": PROJECT},
+        extra_env={"RLGATE_TRAIN_TICK_S": "2", "RLGATE_DEFAULT_PROJECT": PROJECT},
         # prompts are ~50 tokens: a short context keeps the KV cache of many slots small
         engine_args=(
             *("--max-running-requests", str(max(16, concurrency))),

@@ -63,17 +63,43 @@ def test_short_demo_trains_and_swaps(tmp_path):
     assert runs
 
 
-def test_demo_verifier_prefers_the_bare_right_number():
+def test_demo_verifier_credits_only_the_exact_number():
+    """1 for exactly the number, 0 for anything else: no format or closeness credit that
+    a constant answer, or an equation that never answers tersely, could collect."""
     from gateway.demo import score
 
     assert score("24", 24) == 1.0
     assert score(" 24.\n", 24) == 1.0
-    assert 0.25 < score("5 + 19 = 24", 24) < score("= 24", 24) < 1.0  # shorter is better
-    # no credit without the right number: no constant answer collects reward everywhere
+    assert score("5 + 19 = 24", 24) == score("= 24", 24) == 0.0
     assert score("23", 24) == score("7", 24) == score("24", 25) == 0.0
-    assert score("5 + 19 = 23", 24) == 0.0
     assert score("I think it is twenty-four", 24) == 0.0
     assert score(None, 24) == 0.0
+
+
+def test_demo_prompt_carries_one_worked_example_never_asked():
+    from gateway.demo import EXAMPLE, messages, split_pairs
+
+    chat = messages(5, 17)
+    assert [m["role"] for m in chat] == ["user", "assistant", "user"]
+    assert chat[1]["content"] == str(sum(EXAMPLE)) and "5 + 17" in chat[2]["content"]
+    train, held_out, validation = split_pairs(50, seed=1)
+    assert EXAMPLE not in train + held_out + validation
+
+
+def test_demo_starts_from_a_fresh_state(tmp_path):
+    """An earlier run's database, adapters and logs are cleared (a run never starts from
+    the adapter an earlier one left serving); the model cache and curves stay."""
+    from gateway.demo import fresh_state
+
+    demo = tmp_path / "demo"
+    for d in ("adapters/demo-policy-v3", "logs", "spool", "out", "models/m"):
+        (demo / d).mkdir(parents=True)
+    for f in ("rlgate.db", "broker.db", "out/curve.json", "models/m/config.json"):
+        (demo / f).write_text("x")
+    fresh_state(demo)
+    assert sorted(p.name for p in demo.iterdir()) == ["models", "out"]
+    assert (demo / "out/curve.json").exists() and (demo / "models/m/config.json").exists()
+    fresh_state(tmp_path / "missing")  # nothing to clear
 
 
 def test_demo_splits_are_disjoint_and_seeded():
@@ -82,7 +108,7 @@ def test_demo_splits_are_disjoint_and_seeded():
     from gateway.demo import split_pairs
 
     train, held_out, validation = split_pairs(50, seed=1)
-    assert len(held_out) == 50 and len(validation) == 8
+    assert len(held_out) == 50 and len(validation) == 8 and len(train) == 399 - 58
     assert not set(train) & set(held_out) and not set(train) & set(validation)
     assert not set(held_out) & set(validation)
     assert split_pairs(50, seed=1) == (train, held_out, validation)

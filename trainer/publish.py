@@ -187,28 +187,30 @@ def switch_serving(
 # ---- eval gate ----------------------------------------------------------------------
 
 
-def eval_score(
+def eval_scores(
     engine_url: str,
-    adapter: str | None,
+    adapters: list[str | None],
     gate: EvalGate,
     headers: dict[str, str] | None = None,
     params: dict[str, Any] | None = None,
-) -> tuple[float, int]:
-    """(mean score, abstentions) of ``adapter`` (None: the base model) on the gate's
+) -> list[tuple[float, int]]:
+    """(mean score, abstentions) of each adapter (None: the base model) on the gate's
     prompts: greedy ``/generate`` through the engine, each output scored by the gate's
     registered verifier (an abstention scores 0). :class:`GateError` when the verifier
     is missing, fails, or abstains on every prompt, or the engine refuses a prompt (4xx);
     a transport error or 5xx is a :class:`PublishError` (retried by the next tick)."""
     verify = resolve(gate.verifier)
-    # one batched /generate per kind of prompt (SGLang takes a list of input_ids or of
-    # texts), so the engine runs them together instead of one after another
-    outputs: dict[int, dict[str, Any]] = {}
+    # one batched /generate per kind of prompt for all adapters together (SGLang takes a
+    # list of input_ids or of texts, each with its own lora_path), so the engine runs them
+    # in one batch instead of one adapter after another
+    jobs = [(a, i) for a in range(len(adapters)) for i in range(len(gate.prompts))]
+    outputs: dict[tuple[int, int], dict[str, Any]] = {}
     with _client(TIMEOUT_S, headers) as client:
         for kind in ("input_ids", "text"):
             idx = [
-                i
-                for i, item in enumerate(gate.prompts)
-                if (item.input_ids is not None) == (kind == "input_ids")
+                job
+                for job in jobs
+                if (gate.prompts[job[1]].input_ids is not None) == (kind == "input_ids")
             ]
             if not idx:
                 continue
@@ -216,15 +218,15 @@ def eval_score(
                 list(gate.prompts[i].input_ids or [])
                 if kind == "input_ids"
                 else gate.prompts[i].prompt
-                for i in idx
+                for _, i in idx
             ]
             body: dict[str, Any] = {
                 kind: batch,
-                "lora_path": [adapter] * len(idx),
+                "lora_path": [adapters[a] for a, _ in idx],
                 "return_logprob": True,  # the verifier sees a complete Interaction
                 "sampling_params": {"temperature": 0, "max_new_tokens": gate.max_new_tokens},
             }
-            where = f"eval prompts {idx[0]}..{idx[-1]}"
+            where = f"eval prompts {idx[0][1]}..{idx[-1][1]}"
             try:
                 r = client.post(f"{engine_url}/generate", json=body)
             except httpx.HTTPError as e:
@@ -234,19 +236,23 @@ def eval_score(
             if r.status_code != 200:
                 raise PublishError(f"{where}: {engine_url}: {r.status_code} {r.text[:300]}")
             outputs.update(zip(idx, r.json(), strict=True))
-    total, abstained = 0.0, 0
-    for i, item in enumerate(gate.prompts):
-        score = score_output(verify, gate.verifier, params or {}, i, item, adapter, outputs[i])
-        if score is None:
-            abstained += 1
-        else:
-            total += score
-    if abstained == len(gate.prompts):
-        raise GateError(
-            f"verifier {gate.verifier!r} abstained on every eval prompt (give each prompt an "
-            "'expected' value the verifier can check)"
-        )
-    return total / len(gate.prompts), abstained
+    results = []
+    for a, adapter in enumerate(adapters):
+        total, abstained = 0.0, 0
+        for i, item in enumerate(gate.prompts):
+            out = outputs[(a, i)]
+            score = score_output(verify, gate.verifier, params or {}, i, item, adapter, out)
+            if score is None:
+                abstained += 1
+            else:
+                total += score
+        if abstained == len(gate.prompts):
+            raise GateError(
+                f"verifier {gate.verifier!r} abstained on every eval prompt (give each prompt "
+                "an 'expected' value the verifier can check)"
+            )
+        results.append((total / len(gate.prompts), abstained))
+    return results
 
 
 def eval_gate(
@@ -279,8 +285,8 @@ def eval_gate(
         "eval_serving_adapter": serving or "base",
     }
     try:
-        new_score, new_abstained = eval_score(engine_url, new, cfg, headers, params)
-        old_score, old_abstained = eval_score(engine_url, serving, cfg, headers, params)
+        scores = eval_scores(engine_url, [new, serving], cfg, headers, params)
+        (new_score, new_abstained), (old_score, old_abstained) = scores
     except GateError as e:
         log.warning("eval gate failed closed for %s: %s", new, e)
         return False, {**metrics, "eval_error": str(e)}
