@@ -145,3 +145,29 @@ def test_shared_prompt_forward_matches_the_padded_one() -> None:
         torch.testing.assert_close(a, b, atol=2e-4, rtol=0)
     torch.testing.assert_close(grads[0], grads[1], atol=1e-4, rtol=1e-3)
     assert grads[0].abs().sum() > 0
+
+
+def test_minibatches_keep_each_group_together() -> None:
+    """A run's minibatches hold whole groups (so each forwards its prompts once), cover
+    every sample once, and stay balanced; with fewer groups than minibatches the samples
+    are dealt one by one, so the clip still acts over several steps."""
+    from trainer.train import minibatches
+
+    samples = _grouped(9, 8) + _grouped(1, 3)[:3]  # 9 groups of 8 and a group of 3
+    for s in samples[-3:]:
+        s.prompt_ids = [7, 7, 7]
+    batches = minibatches(samples, 4, random.Random(0))
+    assert len(batches) == 4
+    ids = sorted(s.interaction_id for b in batches for s in b)
+    assert ids == sorted(s.interaction_id for s in samples)
+    for b in batches:
+        prompts = {tuple(s.prompt_ids) for s in b}
+        for p in prompts:  # every sample of that prompt is in this batch
+            assert sum(tuple(s.prompt_ids) == p for s in samples) == sum(
+                tuple(s.prompt_ids) == p for s in b
+            )
+    sizes = sorted(len(b) for b in batches)
+    assert sizes[-1] - sizes[0] <= 8
+    assert minibatches(samples, 4, random.Random(0)) == batches  # seeded
+    one_group = _grouped(1, 8)
+    assert [len(b) for b in minibatches(one_group, 4, random.Random(0))] == [2, 2, 2, 2]
