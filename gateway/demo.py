@@ -184,18 +184,28 @@ class Demo:
                 curve.train_answers += 1
                 curve.train_correct += value == 1.0
                 target = resp.id if self.group == 1 else f"{resp.id}.{choice.index}"
-                r = await self.http.post(
-                    "/feedback",
-                    json={
-                        "interaction_id": target,
-                        "value": value,
-                        "scale": "scalar",
-                        "source": "verifier",
-                        "rater": "exact-match",
-                    },
-                )
-                if r.status_code >= 400:
+                body = {
+                    "interaction_id": target,
+                    "value": value,
+                    "scale": "scalar",
+                    "source": "verifier",
+                    "rater": "exact-match",
+                }
+                r = await self._call("POST", "/feedback", json=body)
+                if r is not None and r.status_code >= 400:
                     click.echo(f"  (feedback refused: {r.status_code} {r.text[:200]})", err=True)
+
+    async def _call(self, method: str, url: str, **kwargs: object) -> httpx.Response | None:
+        """One gateway call, tried up to 3 times on a transport error (a kept-alive
+        connection the server closed at the same moment is one); None when all fail."""
+        for attempt in range(3):
+            try:
+                return await self.http.request(method, url, **kwargs)  # type: ignore[arg-type]
+            except httpx.TransportError as e:
+                if attempt == 2:
+                    click.echo(f"  ({method} {url} failed: {e!r}; going on)", err=True)
+                await asyncio.sleep(0.5)
+        return None
 
     async def evaluate(self, pairs: list[tuple[int, int]]) -> tuple[str, float]:
         sem = asyncio.Semaphore(self.concurrency)
@@ -211,10 +221,10 @@ class Demo:
         return ",".join(sorted(versions)), sum(results) / len(results)
 
     async def serving(self) -> str:
-        r = await self.http.get(
-            "/admin/api/adapters", params={"project": PROJECT}, headers=self.admin
+        r = await self._call(
+            "GET", "/admin/api/adapters", params={"project": PROJECT}, headers=self.admin
         )
-        if r.status_code != 200:
+        if r is None or r.status_code != 200:
             return self.version
         for item in r.json()["items"]:
             if item["status"] == "serving":
@@ -290,6 +300,23 @@ async def _run(
             await evaluate_now((time.monotonic() - curve.started) / 60)
     finally:
         await demo.http.aclose()
+
+
+def _commit() -> str | None:
+    """The git commit of this checkout, when it is one (for curve.json)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def fresh_state(data_dir: Path) -> None:
@@ -412,14 +439,19 @@ def run_demo(
     summary = {
         "date": stamp,
         "machine": machine,
+        "commit": _commit(),
+        "seed": seed,
         "minutes": minutes,
         "group_size": group,
+        "concurrency": concurrency,
         "eval_size": eval_size,
+        "sampling": {"temperature": SAMPLING_TEMPERATURE, "max_tokens": MAX_TOKENS},
+        "training": {k: v for k, v in training.items() if k != "eval_gate"},
         "points": curve.points,
         "train_answers": curve.train_answers,
     }
     (out / "curve.json").write_text(json.dumps(summary, indent=2))
-    plot(curve, out / "curve.png", f"rlgate demo, {stamp}, {machine}, {minutes:g} min")
+    plot(curve, out / "curve.png", f"rlgate demo, seed {seed}, {stamp}, {machine}, {minutes:g} min")
     first, last = curve.points[0], curve.points[-1]
     best = max(p["heldout_accuracy"] for p in curve.points)
     swaps = len({p["policy_version"] for p in curve.points}) - 1
