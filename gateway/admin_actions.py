@@ -17,9 +17,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db import transaction
-from gateway.keys import audit, create_key, revoke_key
-from gateway.settings import Settings
+from core.db import transaction
+from core.keys import audit, create_key, revoke_key
+from core.settings import Settings
 from schemas.atdp import KeyKind
 from schemas.tables import ApiKeyRow, AuditEventRow, PolicyVersionRow, ProjectRow
 

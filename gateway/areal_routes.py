@@ -32,6 +32,15 @@ from typing import Any
 from fastapi import APIRouter, Request
 from sqlalchemy import func, select
 
+from core.keys import (
+    MIN_CHOSEN_LEN,
+    audit,
+    create_key,
+    display_prefix,
+    find_key,
+    hash_secret,
+    new_id,
+)
 from gateway.auth import BOOTSTRAP_ADMIN_ID, Principal
 from gateway.errors import APIError, bad_request
 from gateway.feedback import (
@@ -43,15 +52,6 @@ from gateway.feedback import (
     project_settings,
     session_closed,
     submit_feedback,
-)
-from gateway.keys import (
-    MIN_CHOSEN_LEN,
-    audit,
-    create_key,
-    display_prefix,
-    find_key,
-    hash_secret,
-    new_id,
 )
 from gateway.routing import gw_of, principal, read_json
 from gateway.sessions import new_session_id

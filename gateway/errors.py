@@ -81,3 +81,14 @@ def error_response(request: Request, err: APIError) -> JSONResponse:
     return JSONResponse(
         error_body(error_style(request), err), status_code=err.status, headers=err.headers
     )
+
+
+def db_down_error() -> APIError:
+    """The 503 for a request that needs the database while it is down (core.db.DB_DOWN)
+    and this gateway has no recent copy of what it needs."""
+    return APIError(
+        503,
+        "the database is unreachable and this gateway has no recent copy of what the "
+        "request needs; retry shortly",
+        headers={"Retry-After": "5"},
+    )

@@ -25,9 +25,9 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.keys import new_id
 from gateway.auth import BOOTSTRAP_ADMIN_ID, Principal
 from gateway.errors import APIError, bad_request
-from gateway.keys import new_id
 from gateway.storable import bounded_str
 from schemas.atdp import Feedback
 from schemas.coltypes import utcnow

@@ -6,8 +6,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db import transaction
-from gateway.keys import audit
+from core.db import transaction
+from core.keys import audit
 from trainer import runner, runs
 
 

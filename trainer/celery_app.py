@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from gateway.settings import Settings, get_settings
+from core.settings import Settings, get_settings
 
 
 def make_celery(settings: Settings | None = None) -> Celery:

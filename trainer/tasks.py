@@ -58,7 +58,7 @@ def retry_publish() -> list[str]:
 
 @app.task(name="rlgate.tick")
 def tick() -> dict[str, Any]:
-    from gateway.settings import get_settings
+    from core.settings import get_settings
     from trainer.publish import ensure_serving_loaded
 
     settings = get_settings()

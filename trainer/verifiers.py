@@ -329,7 +329,7 @@ def run_verifiers(factory: sessionmaker[Session], session_id: str) -> list[dict[
 
 @lru_cache(maxsize=4)
 def _factory_for(url: str) -> sessionmaker[Session]:
-    from gateway.db import make_engine, session_factory
+    from core.db import make_engine, session_factory
 
     return session_factory(make_engine(url))
 
@@ -337,7 +337,7 @@ def _factory_for(url: str) -> sessionmaker[Session]:
 @app.task(name=TASK_NAME, acks_late=True)
 def verify_session(session_id: str) -> int:
     """Celery task: run the configured verifiers on a closed session."""
-    from gateway.settings import get_settings
+    from core.settings import get_settings
 
     factory = _factory_for(get_settings().effective_database_url)
     return len(run_verifiers(factory, session_id))
@@ -356,7 +356,7 @@ def _publisher_for(broker_url: str) -> Any:
 def _publisher() -> Any:
     """The Celery app to send with: the worker app, unless the settings changed since it
     was made (tests, embedding processes)."""
-    from gateway.settings import get_settings
+    from core.settings import get_settings
 
     url = get_settings().effective_broker_url
     if app.conf.broker_url == url:

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from gateway.db import make_engine, session_factory
+from core.db import make_engine, session_factory
 from gateway.migrate import upgrade
 from schemas.tables import InteractionRow, PolicyVersionRow, TrainingRunRow
 from tests.trainer.helpers import greedy, make_project, record, set_training

@@ -24,11 +24,11 @@ import httpx
 import pytest
 import uvicorn
 
+from core.db import make_engine, session_factory, transaction
+from core.keys import create_key
+from core.settings import Settings
 from gateway.app import Gateway, create_app
-from gateway.db import make_engine, session_factory, transaction
-from gateway.keys import create_key
 from gateway.migrate import upgrade
-from gateway.settings import Settings
 from gateway.templating import MIN_PROMPT_CHARS
 from tests.servers import MODEL_CACHE, Proc, free_port
 
