@@ -20,12 +20,13 @@ from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from core.db import DB_DOWN, check_connection, make_engine, session_factory
+from core.errors import APIError
 from core.keys import create_key
 from core.settings import ConfigError, Settings, get_settings
 from gateway import exposure, openai_chat
 from gateway.auth import BOOTSTRAP_ADMIN_ID, Authenticator, require_kind
 from gateway.engine_client import EngineClient
-from gateway.errors import APIError, bad_request, db_down_error, error_response
+from gateway.errors import bad_request, db_down_error, error_response
 from gateway.feedback import session_closed
 from gateway.limits import BodyLimitMiddleware
 from gateway.metrics import Metrics

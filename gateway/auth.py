@@ -10,8 +10,9 @@ from fastapi import Request
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.db import DB_DOWN, STALE_IF_DOWN_S
+from core.errors import APIError
 from core.keys import lookup_key
-from gateway.errors import APIError, db_down_error
+from gateway.errors import db_down_error
 
 BOOTSTRAP_ADMIN_ID = "bootstrap-admin"
 CACHE_TTL_S = 2.0  # a revoked key stops working within this long on every replica

@@ -1,4 +1,4 @@
-"""Client-facing errors, rendered in the calling API's own error format."""
+"""Client-facing errors (core.errors.APIError), rendered in the calling API's own error format."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+
+from core.errors import APIError
 
 # OpenAI error `type` for each status; Anthropic uses its own names.
 _OPENAI_TYPES = {
@@ -34,26 +36,6 @@ _ANTHROPIC_TYPES = {
     503: "overloaded_error",
     504: "api_error",
 }
-
-
-class APIError(Exception):
-    """An error answered to the client; `message` says what to change."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:

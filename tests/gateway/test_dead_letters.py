@@ -19,8 +19,8 @@ import pytest
 from sqlalchemy import select
 
 from core.db import make_engine, session_factory, transaction
+from core.errors import APIError
 from core.keys import ensure_project
-from gateway.errors import APIError
 from gateway.recorder import Recorder
 from schemas.tables import InteractionRow, SessionRow
 from tests.gateway.records import entry, iid
