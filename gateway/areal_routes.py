@@ -32,6 +32,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from sqlalchemy import func, select
 
+from core.errors import APIError
+from core.feedback import (
+    FeedbackInput,
+    Scope,
+    close_session,
+    find_interaction,
+    project_settings,
+)
 from core.keys import (
     MIN_CHOSEN_LEN,
     audit,
@@ -42,17 +50,8 @@ from core.keys import (
     new_id,
 )
 from gateway.auth import BOOTSTRAP_ADMIN_ID, Principal
-from gateway.errors import APIError, bad_request
-from gateway.feedback import (
-    FeedbackInput,
-    Scope,
-    close_session,
-    find_interaction,
-    normalize,
-    project_settings,
-    session_closed,
-    submit_feedback,
-)
+from gateway.errors import bad_request
+from gateway.feedback import normalize, session_closed, submit_feedback
 from gateway.routing import gw_of, principal, read_json
 from gateway.sessions import new_session_id
 from gateway.storable import bounded_str

@@ -17,6 +17,7 @@ from core.keys import ensure_project
 from schemas.convert import to_row
 from schemas.tables import FeedbackRow, InteractionRow, SessionRow
 from tests.rows import interaction, session
+from trainer.hooks import on_session_closed
 from trainer.verifiers import (
     VerifierContext,
     command,
@@ -24,7 +25,6 @@ from trainer.verifiers import (
     exact_number,
     get_verifier,
     last_number,
-    on_session_closed,
 )
 
 REPO = Path(__file__).resolve().parents[1]

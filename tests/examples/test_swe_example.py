@@ -81,7 +81,7 @@ def test_project_command_verifier_rates_the_workspace(tmp_path):
     from core.db import make_engine, session_factory
     from core.settings import get_settings
     from gateway.migrate import upgrade
-    from trainer.verifiers import run_verifiers
+    from trainer.hooks import run_verifiers
 
     url = get_settings().effective_database_url  # SQLite under the test's data dir
     upgrade(url)

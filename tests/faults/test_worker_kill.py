@@ -56,7 +56,7 @@ def test_worker_sigkill_mid_run_publishes_nothing_and_next_run_reuses_samples(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from trainer import runs
-    from trainer.celery_app import make_celery
+    from trainer.celery_base import make_celery
 
     upgrade(pg_url)
     factory = session_factory(make_engine(pg_url))

@@ -124,7 +124,7 @@ def test_worker_trains_publishes_survives_sigkill_and_rolls_back(
     engine_url: str, pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from trainer import runs
-    from trainer.celery_app import make_celery
+    from trainer.celery_base import make_celery
     from trainer.cli import adapters_group
 
     upgrade(pg_url)
@@ -306,7 +306,7 @@ def test_gateway_rate_train_serve_loop(
 
     from tests.servers import gateway
     from trainer import runs
-    from trainer.celery_app import make_celery
+    from trainer.celery_base import make_celery
 
     upgrade(pg_url)
     factory = session_factory(make_engine(pg_url))
