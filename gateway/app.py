@@ -9,7 +9,6 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,24 +38,13 @@ from gateway.render_pool import RenderPool
 from gateway.routing import gw_of, headers_for, principal, read_json
 from gateway.service import Pipeline, ServingPolicy, open_stream
 from gateway.sessions import SessionStore, new_session_id
+from gateway.state import Gateway
 from gateway.storable import bounded_str
 from gateway.templating import ChatRenderer, load_tokenizer
 from schemas.coltypes import utcnow
 from schemas.tables import SessionRow
 
 log = logging.getLogger("rlgate.gateway")
-
-
-@dataclass
-class Gateway:
-    settings: Settings
-    factory: Any
-    auth: Authenticator
-    pipeline: Pipeline
-    recorder: Recorder
-    engines: EngineClient
-    metrics: Metrics
-    tokenizer: Any
 
 
 def _context_length(model_dir: Path) -> int:
