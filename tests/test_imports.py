@@ -3,9 +3,10 @@
 Every `import` and `from ... import` anywhere in a file counts: module level,
 function-local, and under `if TYPE_CHECKING:`. Relative imports are resolved.
 
-Layers (docs/architecture.md): `core` at the bottom with `engine` and `schemas`
-beside it; `trainer` on those; `gateway` on top of all of them, entering the
-trainer only through `trainer.api`.
+Layers (docs/architecture.md), bottom up: `schemas` (the data contract), then `core`
+(settings, database, keys, feedback records) on it, with `engine` beside them; `trainer`
+on those; `gateway` on top, entering the trainer only through `trainer.api`; the command
+line (`gateway.cli`) above everything.
 """
 
 from __future__ import annotations
@@ -172,8 +173,9 @@ def test_core_imports_no_upper_layer() -> None:
 
 
 def test_schemas_imports_no_upper_layer() -> None:
+    """The data contract is the very bottom: core uses its tables, never the reverse."""
     _, raw = _graph()
-    bad = _violations(raw, "schemas", {"gateway", "trainer", "engine"})
+    bad = _violations(raw, "schemas", {"core", "gateway", "trainer", "engine"})
     assert not bad, "\n".join(bad)
 
 
