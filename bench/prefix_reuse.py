@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def _prompts(data_dir: str, questions: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
+    from core.settings import PACKAGED_MODEL
     from engine.model_files import resolve_model_dir
-    from gateway.settings import PACKAGED_MODEL
 
     tok = AutoTokenizer.from_pretrained(str(resolve_model_dir(PACKAGED_MODEL, Path(data_dir))))
     out = []

@@ -124,8 +124,8 @@ def engine_command(
     log_level: str | None,
 ) -> None:
     """Serve the embedded CPU engine (SGLang native protocol subset)."""
+    from core.settings import get_settings
     from engine.server import EngineConfig, serve
-    from gateway.settings import get_settings
 
     settings = get_settings()
     for name, value in (

@@ -1,3 +1,3 @@
-"""rlgate gateway: HTTP front door, settings, database access and the CLI."""
+"""rlgate gateway: HTTP front door, recording, the admin dashboard and the CLI (`rlgate`)."""
 
 __version__ = "0.1.0"

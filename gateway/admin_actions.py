@@ -2,7 +2,7 @@
 settings, keys.
 
 Train now and promote / roll back go through the trainer's functions
-(``trainer.api.train_now``, ``trainer.runner.serve_version``: the same code the CLI
+(``trainer.api.train_now``, ``trainer.api.serve_version``: the same code the CLI
 uses); retire, pause and keys are database changes here. Every action writes an
 AuditEvent (the trainer functions write their own).
 
@@ -17,9 +17,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db import transaction
-from gateway.keys import audit, create_key, revoke_key
-from gateway.settings import Settings
+from core.db import transaction
+from core.keys import audit, create_key, revoke_key
+from core.settings import Settings
 from schemas.atdp import KeyKind
 from schemas.tables import ApiKeyRow, AuditEventRow, PolicyVersionRow, ProjectRow
 
@@ -75,15 +75,12 @@ def set_paused(
 
 
 def training_settings(factory: sessionmaker[Session], project_id: str) -> dict[str, Any]:
-    from trainer.config import TrainConfig, TrainConfigError
+    from trainer import api
 
     with factory() as db:
         project = _project(db, project_id)
         overrides = dict((project.settings or {}).get("training") or {})
-    try:
-        effective = TrainConfig.from_project_settings({"training": overrides}).snapshot()
-    except TrainConfigError as e:  # stored by hand and broken: say so, do not hide it
-        effective = {"error": str(e)}
+    effective = api.effective_training(overrides)  # {"error": ...} when stored broken
     return {"project_id": project_id, "overrides": overrides, "effective": effective}
 
 
@@ -93,8 +90,7 @@ def update_training_settings(
     """Merge ``changes`` into the project's training overrides (a null value removes an
     override); the result must be a valid TrainConfig (types, the bounds table, the
     eval gate's schema, a registered gate verifier), else nothing changes (400)."""
-    from trainer.config import TrainConfig, TrainConfigError
-    from trainer.eval_gate import require_registered
+    from trainer import api
 
     with transaction(factory) as db:
         project = _project(db, project_id)
@@ -106,9 +102,8 @@ def update_training_settings(
             else:
                 overrides[key] = value
         try:
-            cfg = TrainConfig.from_project_settings({"training": overrides})
-            require_registered(cfg.eval_gate)
-        except (TrainConfigError, TypeError, ValueError) as e:
+            api.check_training(overrides)
+        except (TypeError, ValueError) as e:  # TrainConfigError, GateConfigError: ValueErrors
             raise ActionError(400, f"training settings not changed: {e}") from None
         settings["training"] = overrides
         project.settings = settings
@@ -188,15 +183,13 @@ def _serve(
         return {"name": name, "previous": None, "changed": False}
     if status == "rejected":
         raise ActionError(409, f"{name} was rejected by the eval gate; it cannot be served")
-    from trainer import publish, runner
+    from trainer import api
 
     try:
-        return dict(
-            runner.serve_version(
-                project_id, name, actor=actor, action=action, settings=settings, factory=factory
-            )
+        return api.serve_version(
+            project_id, name, actor=actor, action=action, settings=settings, factory=factory
         )
-    except publish.PublishError as e:
+    except api.PublishError as e:
         raise ActionError(502, str(e)) from None
     except LookupError as e:
         raise ActionError(404, str(e)) from None

@@ -13,8 +13,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from core.errors import APIError
 from gateway import anthropic_messages as am
-from gateway.errors import APIError
 from gateway.routing import gw_of, headers_for, principal, read_json
 from gateway.service import open_stream
 

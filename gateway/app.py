@@ -9,7 +9,6 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +18,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from core.db import DB_DOWN, check_connection, make_engine, session_factory
+from core.errors import APIError
+from core.keys import create_key
+from core.settings import ConfigError, Settings, get_settings
 from gateway import exposure, openai_chat
 from gateway.auth import BOOTSTRAP_ADMIN_ID, Authenticator, require_kind
-from gateway.db import DB_DOWN, check_connection, db_down_error, make_engine, session_factory
 from gateway.engine_client import EngineClient
-from gateway.errors import APIError, bad_request, error_response
+from gateway.errors import bad_request, db_down_error, error_response
 from gateway.feedback import session_closed
-from gateway.keys import create_key
 from gateway.limits import BodyLimitMiddleware
 from gateway.metrics import Metrics
 from gateway.migrate import current
@@ -37,25 +38,13 @@ from gateway.render_pool import RenderPool
 from gateway.routing import gw_of, headers_for, principal, read_json
 from gateway.service import Pipeline, ServingPolicy, open_stream
 from gateway.sessions import SessionStore, new_session_id
-from gateway.settings import ConfigError, Settings, get_settings
+from gateway.state import Gateway
 from gateway.storable import bounded_str
 from gateway.templating import ChatRenderer, load_tokenizer
 from schemas.coltypes import utcnow
 from schemas.tables import SessionRow
 
 log = logging.getLogger("rlgate.gateway")
-
-
-@dataclass
-class Gateway:
-    settings: Settings
-    factory: Any
-    auth: Authenticator
-    pipeline: Pipeline
-    recorder: Recorder
-    engines: EngineClient
-    metrics: Metrics
-    tokenizer: Any
 
 
 def _context_length(model_dir: Path) -> int:

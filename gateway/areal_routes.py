@@ -32,19 +32,15 @@ from typing import Any
 from fastapi import APIRouter, Request
 from sqlalchemy import func, select
 
-from gateway.auth import BOOTSTRAP_ADMIN_ID, Principal
-from gateway.errors import APIError, bad_request
-from gateway.feedback import (
+from core.errors import APIError
+from core.feedback import (
     FeedbackInput,
     Scope,
     close_session,
     find_interaction,
-    normalize,
     project_settings,
-    session_closed,
-    submit_feedback,
 )
-from gateway.keys import (
+from core.keys import (
     MIN_CHOSEN_LEN,
     audit,
     create_key,
@@ -53,6 +49,9 @@ from gateway.keys import (
     hash_secret,
     new_id,
 )
+from gateway.auth import BOOTSTRAP_ADMIN_ID, Principal
+from gateway.errors import bad_request
+from gateway.feedback import normalize, session_closed, submit_feedback
 from gateway.routing import gw_of, principal, read_json
 from gateway.sessions import new_session_id
 from gateway.storable import bounded_str

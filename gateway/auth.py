@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from fastapi import Request
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db import DB_DOWN, STALE_IF_DOWN_S, db_down_error
-from gateway.errors import APIError
-from gateway.keys import lookup_key
+from core.db import DB_DOWN, STALE_IF_DOWN_S
+from core.errors import APIError
+from core.keys import lookup_key
+from gateway.errors import db_down_error
 
 BOOTSTRAP_ADMIN_ID = "bootstrap-admin"
 CACHE_TTL_S = 2.0  # a revoked key stops working within this long on every replica
@@ -61,7 +62,7 @@ class Authenticator:
 
     def resolve(self, secret: str | None) -> Principal:
         """The caller of this secret; 401 for a missing, unknown or unusable key (revoked,
-        a revoked parent, or its session ended past the grace: gateway.keys.key_usable)."""
+        a revoked parent, or its session ended past the grace: core.keys.key_usable)."""
         if not secret:
             raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'")
         if self.admin_key and hmac.compare_digest(secret.encode(), self.admin_key.encode()):

@@ -13,8 +13,8 @@ import click
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
+from core.settings import ConfigError, Settings, get_settings
 from gateway import __version__
-from gateway.settings import ConfigError, Settings, get_settings
 
 
 def _fail(message: str) -> None:
@@ -108,7 +108,7 @@ def keys() -> None:
 
 
 def _open_db():  # type: ignore[no-untyped-def]
-    from gateway.db import check_connection, make_engine, session_factory
+    from core.db import check_connection, make_engine, session_factory
     from gateway.migrate import current
 
     settings = load_settings()
@@ -128,8 +128,8 @@ def _open_db():  # type: ignore[no-untyped-def]
 @clean_errors
 def keys_create(project: str, kind: str, name: str | None) -> None:
     """Create a key and print its secret once (only a hash is stored)."""
-    from gateway.db import transaction
-    from gateway.keys import create_key
+    from core.db import transaction
+    from core.keys import create_key
 
     factory = _open_db()
     with transaction(factory) as db:
@@ -170,8 +170,8 @@ def keys_list(project: str | None, show_all: bool) -> None:
 def keys_revoke(key_id: str) -> None:
     """Revoke a key by id, and every key it minted (session keys from POST /v1/sessions
     or /rl/start_session); they stop working within 2 s."""
-    from gateway.db import transaction
-    from gateway.keys import revoke_key
+    from core.db import transaction
+    from core.keys import revoke_key
 
     factory = _open_db()
     with transaction(factory) as db:

@@ -31,7 +31,7 @@ from pathlib import Path
 import click
 import httpx
 
-from gateway.settings import Settings
+from core.settings import Settings
 
 PROMPT = "What is {a} + {b}? Reply with only the number."
 # One worked exchange before the question, as an agent's prompt would carry: the base
@@ -380,10 +380,10 @@ def run_demo(
 ) -> None:
     import platform
 
+    from core.db import make_engine, session_factory, transaction
+    from core.keys import create_key, ensure_project
     from engine.model_files import resolve_model_dir
     from gateway import migrate as mig
-    from gateway.db import make_engine, session_factory, transaction
-    from gateway.keys import create_key, ensure_project
     from gateway.up import launch
 
     mig.upgrade(settings.effective_database_url)

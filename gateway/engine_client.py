@@ -27,7 +27,7 @@ import aiohttp
 from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
-from gateway.errors import APIError
+from core.errors import APIError
 
 # An engine that cannot be reached (refused, reset before answering, closed a kept-alive
 # connection, or cut the answer short): the next engine is tried.

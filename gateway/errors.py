@@ -1,4 +1,4 @@
-"""Client-facing errors, rendered in the calling API's own error format."""
+"""Client-facing errors (core.errors.APIError), rendered in the calling API's own error format."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+
+from core.errors import APIError
 
 # OpenAI error `type` for each status; Anthropic uses its own names.
 _OPENAI_TYPES = {
@@ -36,26 +38,6 @@ _ANTHROPIC_TYPES = {
 }
 
 
-class APIError(Exception):
-    """An error answered to the client; `message` says what to change."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-
 def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param)
 
@@ -80,4 +62,15 @@ def error_body(style: str, err: APIError) -> dict[str, Any]:
 def error_response(request: Request, err: APIError) -> JSONResponse:
     return JSONResponse(
         error_body(error_style(request), err), status_code=err.status, headers=err.headers
+    )
+
+
+def db_down_error() -> APIError:
+    """The 503 for a request that needs the database while it is down (core.db.DB_DOWN)
+    and this gateway has no recent copy of what it needs."""
+    return APIError(
+        503,
+        "the database is unreachable and this gateway has no recent copy of what the "
+        "request needs; retry shortly",
+        headers={"Retry-After": "5"},
     )

@@ -17,8 +17,8 @@ from typing import IO
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.keys import audit
-from gateway.settings import ConfigError
+from core.keys import audit
+from core.settings import ConfigError
 from schemas.convert import to_record
 from schemas.tables import FeedbackRow, InteractionRow, SessionRow
 

@@ -17,8 +17,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from core.errors import APIError
 from gateway.auth import presented_secret
-from gateway.errors import APIError
 from gateway.routing import gw_of
 
 PUBLIC_HEALTH_FIELDS = ("status",)

@@ -1,9 +1,11 @@
-"""Feedback: parsing, normalization onto [-1, 1], target resolution, idempotent storing.
+"""Feedback from clients: parsing, normalization onto [-1, 1], the caller's scope.
 
-Everything that writes a ``feedback`` row goes through :func:`submit_feedback`: the
-``POST /feedback`` route, the AReaL-compatible ``/rl/set_reward`` and the verifier task.
-So every source produces the same records, and every stored rating is followed by credit
-assignment (``trainer.credit``) for its session, keeping ``interactions.reward`` current.
+Everything that writes a ``feedback`` row goes through core.feedback.store_feedback: the
+``POST /feedback`` route and the AReaL-compatible ``/rl/set_reward`` (both through
+:func:`submit_feedback` here) and the verifier task (trainer/hooks.py). So every source
+produces the same records, and every stored rating is followed by credit assignment
+(trainer.hooks.after_feedback, reached through trainer.api) for its session, keeping
+``interactions.reward`` current.
 
 Visibility: a caller sees the targets of its own project only (a per-session key: of its
 own session only); the bootstrap admin key (``RLGATE_ADMIN_KEY``) sees every project. A
@@ -12,33 +14,26 @@ target the caller may not see is answered exactly like a missing one (404).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.errors import APIError
+from core.feedback import (
+    TARGET_WAIT_S,
+    FeedbackInput,
+    Scope,
+    feedback_json,
+    store_feedback,
+)
 from gateway.auth import BOOTSTRAP_ADMIN_ID, Principal
-from gateway.errors import APIError, bad_request
-from gateway.keys import new_id
+from gateway.errors import bad_request
 from gateway.storable import bounded_str
-from schemas.atdp import Feedback
-from schemas.coltypes import utcnow
-from schemas.convert import to_record
-from schemas.tables import FeedbackRow, InteractionRow, ProjectRow, SessionRow
 
 log = logging.getLogger("rlgate.feedback")
-
-# how long a feedback on an interaction id waits for the recorder to commit that row
-TARGET_WAIT_S = 2.0
-_POLL_S = 0.05
 
 SCALES = {
     "binary": "binary",
@@ -159,41 +154,6 @@ def _clip(x: float) -> float:
 # ---- parsing ------------------------------------------------------------------------------
 
 
-@dataclass
-class FeedbackInput:
-    target: str  # interaction | session | latest
-    ref: str | None
-    value: float | bool
-    scale: str
-    scale_min: float | None
-    scale_max: float | None
-    reward: float
-    source: str = "user"
-    rater: str | None = None
-    comment: str | None = None
-    idempotency_key: str | None = None
-
-    @property
-    def request_hash(self) -> str:
-        """Fingerprint of what the request means (target, normalized value, scale, text
-        fields): the same rating sent twice, in any key order or spelling of the same
-        value, has the same hash."""
-        meaning = [
-            self.target,
-            self.ref,
-            float(self.value),
-            self.scale,
-            self.scale_min,
-            self.scale_max,
-            self.source,
-            self.rater,
-            self.comment,
-            self.idempotency_key,
-        ]
-        data = json.dumps(meaning, separators=(",", ":"), ensure_ascii=False)
-        return hashlib.sha256(data.encode()).hexdigest()
-
-
 def parse_feedback(body: Any) -> FeedbackInput:
     """Check a ``POST /feedback`` body; 400 for a malformed one, 422 for a value out of range."""
     if not isinstance(body, dict):
@@ -244,176 +204,15 @@ def parse_feedback(body: Any) -> FeedbackInput:
     )
 
 
-# ---- targets ------------------------------------------------------------------------------
+# ---- the caller's scope and storing ---------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Scope:
-    """What a caller may rate: projects (None = all) and an optional fixed session."""
-
-    project_id: str | None
-    session_id: str | None = None
-    key_id: str | None = None
-
-    @classmethod
-    def of(cls, p: Principal) -> Scope:
-        if p.kind == "admin" and p.key_id == BOOTSTRAP_ADMIN_ID:
-            return cls(None, None, p.key_id)
-        return cls(p.project_id, p.session_id, p.key_id)
-
-    def sees(self, project_id: str, session_id: str) -> bool:
-        if self.project_id is not None and project_id != self.project_id:
-            return False
-        return self.session_id is None or session_id == self.session_id
-
-
-@dataclass(frozen=True)
-class Target:
-    project_id: str
-    target_type: str  # interaction | group | session
-    target_id: str
-    session_id: str
-
-
-def _find_interaction(db: Session, scope: Scope, ref: str) -> Target | None:
-    row = db.execute(
-        select(InteractionRow.project_id, InteractionRow.session_id).where(InteractionRow.id == ref)
-    ).first()
-    if row is not None:
-        if scope.sees(row[0], row[1]):
-            return Target(row[0], "interaction", ref, row[1])
-        return None
-    hit = db.execute(
-        select(InteractionRow.project_id, InteractionRow.session_id)
-        .where(InteractionRow.group_id == ref)
-        .limit(1)
-    ).first()
-    if hit is not None and scope.sees(hit[0], hit[1]):
-        return Target(hit[0], "group", ref, hit[1])
-    return None
-
-
-def find_interaction(factory: sessionmaker[Session], scope: Scope, ref: str) -> Target | None:
-    """The interaction (or group) ``ref`` if it is committed and the caller may see it."""
-    with factory() as db:
-        return _find_interaction(db, scope, ref)
-
-
-def resolve_target(
-    factory: sessionmaker[Session], scope: Scope, target: str, ref: str | None, wait_s: float
-) -> Target:
-    """The row a feedback names; 404 (the same for missing and not visible) otherwise.
-
-    An interaction id may name a row the recorder has not committed yet (the client got
-    the response a moment ago): it is looked up again for up to ``wait_s`` seconds. The
-    gateway's routes pass 0 after waiting asynchronously (gateway.waits.locate); only
-    in-process callers outside the event loop (verifiers) block here.
-    """
-    if target == "latest":
-        with factory() as db:
-            if scope.session_id is not None:
-                row = db.get(SessionRow, scope.session_id)
-            else:
-                row = db.scalars(
-                    select(SessionRow)
-                    .where(SessionRow.api_key_id == scope.key_id)
-                    .order_by(
-                        SessionRow.last_activity_at.desc(),
-                        SessionRow.created_at.desc(),
-                        SessionRow.id.desc(),
-                    )
-                    .limit(1)
-                ).first()
-            if row is None:
-                raise APIError(404, "this key has no session yet", param="session")
-            return Target(row.project_id, "session", row.id, row.id)
-    assert ref is not None
-    if target == "session":
-        with factory() as db:
-            row = db.get(SessionRow, ref)
-            if row is None or not scope.sees(row.project_id, row.id):
-                raise APIError(404, f"no session {ref}", param="session_id")
-            return Target(row.project_id, "session", row.id, row.id)
-    deadline = time.monotonic() + wait_s
-    while True:
-        with factory() as db:
-            found = _find_interaction(db, scope, ref)
-        if found is not None:
-            return found
-        if time.monotonic() >= deadline:
-            raise APIError(404, f"no interaction {ref}", param="interaction_id")
-        time.sleep(_POLL_S)
-
-
-# ---- storing ------------------------------------------------------------------------------
-
-
-def feedback_json(row: FeedbackRow) -> dict[str, Any]:
-    out = to_record(row).model_dump(mode="json")
-    out["object"] = "feedback"
-    return out
-
-
-def _replay(db: Session, project_id: str, inp: FeedbackInput) -> FeedbackRow | None:
-    """The earlier record with this idempotency key, or None; 409 if its body differed."""
-    if inp.idempotency_key is None:
-        return None
-    row = db.scalars(
-        select(FeedbackRow).where(
-            FeedbackRow.project_id == project_id,
-            FeedbackRow.idempotency_key == inp.idempotency_key,
-        )
-    ).first()
-    if row is not None and row.request_hash != inp.request_hash:
-        raise APIError(
-            409,
-            f"idempotency key {inp.idempotency_key!r} was already used with a different body",
-            param="idempotency_key",
-        )
-    return row
-
-
-def _insert(
-    factory: sessionmaker[Session], t: Target, inp: FeedbackInput, api_key_id: str | None
-) -> tuple[FeedbackRow, bool]:
-    try:
-        with factory() as db, db.begin():
-            earlier = _replay(db, t.project_id, inp)
-            if earlier is not None:
-                return earlier, True
-            row = FeedbackRow(
-                id=new_id("fb"),
-                project_id=t.project_id,
-                target_type=t.target_type,
-                target_id=t.target_id,
-                session_id=t.session_id,
-                value=inp.value,
-                scale=inp.scale,
-                scale_min=inp.scale_min,
-                scale_max=inp.scale_max,
-                reward=inp.reward,
-                source=inp.source,
-                rater=inp.rater,
-                comment=inp.comment,
-                idempotency_key=inp.idempotency_key,
-                request_hash=inp.request_hash,
-                api_key_id=api_key_id,
-                created_at=utcnow(),
-            )
-            Feedback.model_validate(feedback_json_values(row))  # the ATDP contract holds
-            db.add(row)
-            return row, False
-    except IntegrityError:
-        # a concurrent request with the same idempotency key won the insert
-        with factory() as db:
-            earlier = _replay(db, t.project_id, inp)
-            if earlier is None:
-                raise
-            return earlier, True
-
-
-def feedback_json_values(row: FeedbackRow) -> dict[str, Any]:
-    return {name: getattr(row, name) for name in Feedback.model_fields if name != "atdp_version"}
+def scope_of(p: Principal) -> Scope:
+    """What this caller may rate: the bootstrap admin key every project, any other key
+    its own project (a per-session key: its own session)."""
+    if p.kind == "admin" and p.key_id == BOOTSTRAP_ADMIN_ID:
+        return Scope(None, None, p.key_id)
+    return Scope(p.project_id, p.session_id, p.key_id)
 
 
 def submit_feedback(
@@ -428,72 +227,29 @@ def submit_feedback(
 ) -> tuple[dict[str, Any], bool]:
     """Store one rating; returns (the feedback JSON, replayed).
 
-    ``principal`` is the caller (None for trusted in-process callers such as verifiers,
-    which pass a ``scope``). ``flush`` waits for this process's recorder so that a just
-    answered interaction is in the database. After a new record: credit assignment for
-    its session and, if the project says so, closing the session on a session rating.
+    ``principal`` is the caller (None for trusted in-process callers, which pass a
+    ``scope``). ``flush`` waits for this process's recorder so that a just answered
+    interaction is in the database. After a new record: credit assignment for its session
+    and, if the project says so, closing the session on a session rating.
     """
     if scope is None:
-        scope = Scope.of(principal) if principal is not None else Scope(None)
+        scope = scope_of(principal) if principal is not None else Scope(None)
     api_key_id = principal.key_id if principal is not None else None
-    if inp.idempotency_key is not None and scope.project_id is not None:
-        with factory() as db:
-            earlier = _replay(db, scope.project_id, inp)
-            if earlier is not None:
-                return feedback_json(earlier), True
-    if flush is not None and inp.target in ("interaction", "latest"):
-        flush(wait_s)
-    target = resolve_target(factory, scope, inp.target, inp.ref, wait_s)
-    row, replayed = _insert(factory, target, inp, api_key_id)
+    row, replayed = store_feedback(
+        factory, inp, scope, api_key_id=api_key_id, flush=flush, wait_s=wait_s
+    )
     if not replayed and after:
-        after_feedback(factory, row)
+        from trainer import api
+
+        api.after_feedback(factory, row)
     return feedback_json(row), replayed
-
-
-# ---- after a rating -----------------------------------------------------------------------
-
-
-def project_settings(db: Session, project_id: str) -> dict[str, Any]:
-    project = db.get(ProjectRow, project_id)
-    return dict(project.settings or {}) if project is not None else {}
-
-
-def after_feedback(factory: sessionmaker[Session], row: FeedbackRow) -> None:
-    """Bring ``interactions.reward`` of the rated session up to date; close it on a session
-    rating when the project has ``settings["close_session_on_rating"]``."""
-    from trainer.credit import assign_rewards_tx
-
-    if row.session_id is None:
-        return
-    closed = False
-    if row.target_type == "session":
-        with factory() as db, db.begin():
-            if project_settings(db, row.project_id).get("close_session_on_rating"):
-                closed = close_session(db, row.session_id)
-    try:
-        assign_rewards_tx(factory, row.project_id, row.session_id)
-    except Exception:  # the rating is stored; the trainer's sweep assigns it later
-        log.exception("credit assignment for session %s failed", row.session_id)
-    if closed:
-        session_closed(factory, row.session_id)
-
-
-def close_session(db: Session, session_id: str, status: str = "closed") -> bool:
-    """Mark an open session closed; True if it was open. Call :func:`session_closed`
-    after the transaction commits."""
-    row = db.get(SessionRow, session_id)
-    if row is None or row.status != "open":
-        return False
-    row.status = status
-    row.closed_at = utcnow()
-    return True
 
 
 def session_closed(factory: sessionmaker[Session], session_id: str) -> None:
     """The hook for every path that closes a session (end, idle expiry, rating)."""
     try:
-        from trainer.verifiers import on_session_closed
+        from trainer import api
 
-        on_session_closed(factory, session_id)
+        api.on_session_closed(factory, session_id)
     except Exception:
         log.exception("session-closed hook failed for %s", session_id)

@@ -12,15 +12,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import and_, or_, select
 
+from core.errors import APIError
+from core.feedback import feedback_json, find_interaction
 from gateway.auth import require_kind
-from gateway.errors import APIError, bad_request
-from gateway.feedback import (
-    Scope,
-    feedback_json,
-    find_interaction,
-    parse_feedback,
-    submit_feedback,
-)
+from gateway.errors import bad_request
+from gateway.feedback import parse_feedback, scope_of, submit_feedback
 from gateway.routing import gw_of, principal, read_json
 from gateway.waits import locate, until_committed
 from schemas.convert import to_record
@@ -41,7 +37,7 @@ async def post_feedback(request: Request) -> JSONResponse:
     if inp.target == "interaction" and inp.ref is not None:
         # wait for the recorder on the event loop, not in a worker thread; an id that is
         # neither stored nor being recorded gets its 404 from submit_feedback at once
-        scope = Scope.of(p)
+        scope = scope_of(p)
         ref = inp.ref
         await locate(request, p.key_id, ref, lambda: find_interaction(gw.factory, scope, ref))
     elif inp.target == "latest":
@@ -85,7 +81,7 @@ async def list_feedback(request: Request) -> dict[str, Any]:
     gw = gw_of(request)
     p = await principal(request)
     require_kind(p, "admin")
-    scope = Scope.of(p)
+    scope = scope_of(p)
     q = request.query_params
     limit = _int_param(request, "limit", 100, 1, MAX_LIMIT)
     offset = _int_param(request, "offset", 0, 0, 10**9)
@@ -147,7 +143,7 @@ async def get_session(session_id: str, request: Request) -> dict[str, Any]:
     gw = gw_of(request)
     p = await principal(request)
     require_kind(p, "agent", "admin")
-    scope = Scope.of(p)
+    scope = scope_of(p)
     await until_committed(gw.recorder, session_id)
 
     def run() -> dict[str, Any]:

@@ -21,7 +21,8 @@ from typing import Any
 
 from starlette.requests import Request
 
-from gateway.errors import APIError, error_body, error_style
+from core.errors import APIError
+from gateway.errors import error_body, error_style
 
 DRAIN_BYTES = 64 * 1024 * 1024
 

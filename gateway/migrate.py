@@ -8,7 +8,7 @@ from alembic import command
 from alembic.config import Config
 
 import migrations
-from gateway.db import check_connection, make_engine, normalize_url
+from core.db import check_connection, make_engine, normalize_url
 
 SCRIPT_LOCATION = Path(next(iter(migrations.__path__)))
 

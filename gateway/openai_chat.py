@@ -12,7 +12,8 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.errors import APIError, bad_request
+from core.errors import APIError
+from gateway.errors import bad_request
 from gateway.request import (
     Completion,
     GenerationRequest,

@@ -23,7 +23,8 @@ from typing import Any
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.errors import APIError, bad_request
+from core.errors import APIError
+from gateway.errors import bad_request
 from gateway.openai_chat import TOOL_NAME
 from gateway.request import Completion, GenerationRequest, Message, Sampling, Tool, ToolCallOut
 from gateway.service import Pipeline, Prepared, StreamEvent, replay

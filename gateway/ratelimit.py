@@ -27,7 +27,8 @@ from typing import Any, Protocol
 
 from starlette.requests import Request
 
-from gateway.errors import APIError, error_body, error_style
+from core.errors import APIError
+from gateway.errors import error_body, error_style
 
 log = logging.getLogger("rlgate.ratelimit")
 

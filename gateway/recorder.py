@@ -42,8 +42,8 @@ from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.errors import APIError
 from gateway.dead_letters import DeadLetters, describe, refused_for_content
-from gateway.errors import APIError
 from gateway.spool import Pending, Segment, Spool, spool_line
 from schemas.atdp import Interaction
 from schemas.atdp import Session as SessionRecord

@@ -4,7 +4,7 @@ Off by default. On for every project with the deployment setting ``redact`` (env
 ``RLGATE_REDACT=true``), or for one project with ``Project.settings["redaction"] =
 {"enabled": true}``. Extra patterns come from the setting ``redact_patterns`` and from
 ``Project.settings["redaction"]["patterns"]``: regular expressions (data, never code),
-validated by :func:`check_pattern` before use.
+validated by :func:`core.redaction_patterns.check_pattern` before use.
 
 What a redacted record looks like (see docs/data-protection.md):
 
@@ -26,22 +26,20 @@ import logging
 import re
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db import DB_DOWN, STALE_IF_DOWN_S
+from core.db import DB_DOWN, STALE_IF_DOWN_S
+from core.redaction_patterns import RedactionConfigError, compile_patterns
 from schemas.tables import ProjectRow
 
 log = logging.getLogger("rlgate.redaction")
 
 MARKER = "rlgate_redaction"
 TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
-MAX_PATTERNS = 32
-MAX_PATTERN_LEN = 500
-MAX_REPEAT_BOUND = 1000
 
 # Built-in kinds, applied in this order after the custom patterns. Each starts with a
 # lookbehind so a match can only begin at the start of a run of its characters: the
@@ -78,98 +76,6 @@ BUILTIN: tuple[tuple[str, re.Pattern[str]], ...] = (
     ),
 )
 KINDS = (*(k for k, _ in BUILTIN), "custom")
-
-
-class RedactionConfigError(ValueError):
-    """A redaction pattern that cannot be used; the message says which and why."""
-
-
-# ---- validating patterns -------------------------------------------------------------
-
-
-def _parse(pattern: str) -> Any:
-    from re import _parser  # type: ignore[attr-defined]  # the stdlib's own parser (3.11+)
-
-    return _parser.parse(pattern)
-
-
-def _walk(sub: Any, outer_repeat: str | None, pattern: str) -> None:
-    """Reject what can backtrack catastrophically or compile huge: a quantified group
-    holding another quantifier or an alternation where either side is unbounded,
-    backreferences, and repeat bounds over MAX_REPEAT_BOUND."""
-    from re import _constants as c  # type: ignore[attr-defined]
-
-    repeats = {c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", c.MAX_REPEAT)}
-    for op, av in sub:
-        if op in repeats:
-            lo, hi, body = av
-            unbounded = hi == c.MAXREPEAT
-            if lo > MAX_REPEAT_BOUND or (not unbounded and hi > MAX_REPEAT_BOUND):
-                raise RedactionConfigError(
-                    f"redaction pattern {pattern!r}: a repeat bound above "
-                    f"{MAX_REPEAT_BOUND} is not allowed"
-                )
-            many = unbounded or hi > 1
-            if many and outer_repeat is not None and (outer_repeat == "unbounded" or unbounded):
-                raise RedactionConfigError(
-                    f"redaction pattern {pattern!r}: a quantified group contains another "
-                    "quantifier, which can backtrack catastrophically; rewrite it without "
-                    "nesting (e.g. [a-z0-9.]+ instead of ([a-z0-9]+\\.)+)"
-                )
-            inner = ("unbounded" if unbounded else "bounded") if many else outer_repeat
-            _walk(body, inner, pattern)
-        elif op is c.BRANCH:
-            if outer_repeat == "unbounded":
-                raise RedactionConfigError(
-                    f"redaction pattern {pattern!r}: an alternation inside an unbounded "
-                    "repeat can backtrack catastrophically; use a character class or "
-                    "separate patterns"
-                )
-            for branch in av[1]:
-                _walk(branch, outer_repeat, pattern)
-        elif op is c.SUBPATTERN:
-            _walk(av[3], outer_repeat, pattern)
-        elif op in (c.ASSERT, c.ASSERT_NOT):
-            _walk(av[1], outer_repeat, pattern)
-        elif op is getattr(c, "ATOMIC_GROUP", None):
-            _walk(av, outer_repeat, pattern)
-        elif op in (c.GROUPREF, c.GROUPREF_EXISTS):
-            raise RedactionConfigError(
-                f"redaction pattern {pattern!r}: backreferences are not allowed"
-            )
-
-
-def check_pattern(pattern: Any) -> re.Pattern[str]:
-    """Compile one custom pattern or raise RedactionConfigError saying what to fix."""
-    if not isinstance(pattern, str) or not pattern:
-        raise RedactionConfigError(
-            f"redaction pattern {pattern!r}: must be a non-empty string (a regular expression)"
-        )
-    if len(pattern) > MAX_PATTERN_LEN:
-        raise RedactionConfigError(
-            f"redaction pattern {pattern[:40]!r}...: longer than {MAX_PATTERN_LEN} characters"
-        )
-    try:
-        compiled = re.compile(pattern)
-        _walk(_parse(pattern), None, pattern)
-    except re.error as e:
-        raise RedactionConfigError(f"redaction pattern {pattern!r}: invalid regex: {e}") from None
-    except RecursionError:
-        raise RedactionConfigError(f"redaction pattern {pattern!r}: nested too deeply") from None
-    if compiled.search("") is not None:
-        raise RedactionConfigError(
-            f"redaction pattern {pattern!r}: matches the empty string; it must match something"
-        )
-    return compiled
-
-
-def compile_patterns(patterns: Iterable[Any]) -> tuple[re.Pattern[str], ...]:
-    items = list(patterns)
-    if len(items) > MAX_PATTERNS:
-        raise RedactionConfigError(
-            f"at most {MAX_PATTERNS} redaction patterns are allowed, not {len(items)}"
-        )
-    return tuple(check_pattern(p) for p in items)
 
 
 # ---- redacting -------------------------------------------------------------------------

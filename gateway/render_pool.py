@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from gateway.errors import APIError
+from core.errors import APIError
 
 T = TypeVar("T")
 

@@ -20,9 +20,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from sqlalchemy import select
 
+from core.errors import APIError
 from gateway import openai_responses as oresp
 from gateway.auth import Principal, require_kind
-from gateway.errors import APIError
 from gateway.request import Completion, Message, ToolCallOut
 from gateway.routing import gw_of, headers_for, principal, read_json
 from gateway.service import open_stream

@@ -13,8 +13,8 @@ from gateway.errors import bad_request
 from gateway.storable import check_body, too_deep
 
 if TYPE_CHECKING:
-    from gateway.app import Gateway
     from gateway.service import Prepared
+    from gateway.state import Gateway
 
 
 def gw_of(request: Request) -> Gateway:

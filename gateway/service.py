@@ -19,10 +19,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.db import DB_DOWN, STALE_IF_DOWN_S
+from core.errors import APIError
 from gateway.auth import Principal
-from gateway.db import DB_DOWN, STALE_IF_DOWN_S, db_down_error
 from gateway.engine_client import EngineClient
-from gateway.errors import APIError, bad_request
+from gateway.errors import bad_request, db_down_error
 from gateway.metrics import Metrics
 from gateway.parsing import TOOL_PARSERS, StreamingParser, parse_output
 from gateway.recorder import Recorder

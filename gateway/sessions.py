@@ -24,9 +24,9 @@ from datetime import timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.db import DB_DOWN
+from core.errors import APIError
 from gateway.auth import Principal
-from gateway.db import DB_DOWN
-from gateway.errors import APIError
 from gateway.request import Message
 from gateway.storable import check_session_fields
 from schemas.atdp import Session as AtdpSession

@@ -15,7 +15,8 @@ import json
 import re
 from typing import Any
 
-from gateway.errors import APIError, bad_request
+from core.errors import APIError
+from gateway.errors import bad_request
 
 MAX_DEPTH = 64  # arrays/objects inside each other; real API bodies use under 10
 SESSION_FIELD_MAX = 200  # sessions.external_id, task_id, agent_name: String(200)

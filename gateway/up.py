@@ -26,7 +26,7 @@ from pathlib import Path
 import click
 import httpx
 
-from gateway.settings import Settings
+from core.settings import Settings
 
 
 @dataclass
@@ -261,9 +261,9 @@ def launch(
 
 
 def run_up(settings: Settings, port: int, engine_port: int, trainer: bool) -> None:
+    from core.db import make_engine, session_factory, transaction
+    from core.keys import create_key
     from gateway import migrate as mig
-    from gateway.db import make_engine, session_factory, transaction
-    from gateway.keys import create_key
 
     data_dir = settings.data_dir.resolve()
     url = settings.effective_database_url

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from alembic import context
 
-from gateway.db import make_engine
-from gateway.settings import get_settings
+from core.db import make_engine
+from core.settings import get_settings
 from schemas.tables import Base
 
 config = context.config

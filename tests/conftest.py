@@ -21,7 +21,7 @@ PG_BASE = os.environ.get("RLGATE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:
 @pytest.fixture(autouse=True)
 def _isolated_settings(tmp_path, monkeypatch) -> Iterator[None]:
     """Each test gets its own data dir and no stray RLGATE_* settings."""
-    from gateway.settings import get_settings
+    from core.settings import get_settings
 
     for name in list(os.environ):
         if name.startswith("RLGATE_") and not name.startswith("RLGATE_TEST_"):
@@ -65,7 +65,7 @@ def db_url(request) -> str:
 @pytest.fixture
 def migrated_db(db_url):  # type: ignore[no-untyped-def]
     """A session factory on a freshly migrated database (both backends)."""
-    from gateway.db import make_engine, session_factory
+    from core.db import make_engine, session_factory
     from gateway.migrate import upgrade
 
     upgrade(db_url)

@@ -15,10 +15,10 @@ from datetime import timedelta
 from click.testing import CliRunner
 from sqlalchemy import select
 
+from core.db import transaction
+from core.keys import ensure_project
 from gateway import admin_actions
 from gateway.cli import main
-from gateway.db import transaction
-from gateway.keys import ensure_project
 from schemas.coltypes import utcnow
 from schemas.convert import to_row
 from schemas.tables import ApiKeyRow, AuditEventRow, PolicyVersionRow

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gateway.settings import EMBEDDED_ENGINE_URL, PACKAGED_MODEL, Settings
+from core.settings import EMBEDDED_ENGINE_URL, PACKAGED_MODEL, Settings
 
 
 def rlgate(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from gateway.keys import ensure_project
+from core.keys import ensure_project
 from schemas.atdp import Feedback
 from schemas.convert import to_row
 from schemas.tables import FeedbackRow, InteractionRow, ProjectRow, SessionRow

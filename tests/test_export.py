@@ -22,7 +22,7 @@ def _load(name: str) -> dict:
 
 
 def test_export_jsonl_validates(db_url, tmp_path, monkeypatch):
-    from gateway.db import make_engine, session_factory
+    from core.db import make_engine, session_factory
 
     upgrade(db_url)
     factory = session_factory(make_engine(db_url))

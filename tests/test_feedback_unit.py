@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.errors import APIError
+from core.errors import APIError
 from gateway.feedback import normalize, parse_feedback
 
 
@@ -136,8 +136,9 @@ def test_bad_bodies_are_400(body):
 def test_close_session_on_first_session_rating(migrated_db):
     """settings["close_session_on_rating"]: the first session rating closes the session
     (and settles credit); interaction ratings do not close it."""
-    from gateway.feedback import Scope, submit_feedback
-    from gateway.keys import ensure_project
+    from core.feedback import Scope
+    from core.keys import ensure_project
+    from gateway.feedback import submit_feedback
     from schemas.coltypes import utcnow
     from schemas.convert import to_row
     from schemas.tables import InteractionRow, SessionRow

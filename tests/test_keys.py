@@ -8,7 +8,7 @@ import sys
 
 from sqlalchemy import event, select, text
 
-from gateway.keys import create_key, hash_secret, lookup_key, revoke_key
+from core.keys import create_key, hash_secret, lookup_key, revoke_key
 from schemas.tables import ApiKeyRow, AuditEventRow
 
 
@@ -92,7 +92,7 @@ def test_cli_keys_create_list_revoke(sqlite_url, monkeypatch):
     assert key_id not in rlgate("keys", "list").stdout
     assert "revoked" in rlgate("keys", "list", "--all").stdout
 
-    from gateway.db import make_engine, session_factory
+    from core.db import make_engine, session_factory
 
     engine = make_engine(sqlite_url)
     with session_factory(engine)() as db:

@@ -9,7 +9,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
-from gateway.db import make_engine
+from core.db import make_engine
 from gateway.migrate import downgrade, upgrade
 from schemas.tables import Base
 

@@ -119,7 +119,7 @@ def test_up_prints_working_snippets_and_stops_cleanly(tmp_path):
 
 
 def test_up_caps_output_only_for_the_packaged_model():
-    from gateway.settings import Settings
+    from core.settings import Settings
     from gateway.up import PACKAGED_MAX_TOKENS, _default_cap
 
     assert _default_cap(Settings()) == {"RLGATE_DEFAULT_MAX_TOKENS": str(PACKAGED_MAX_TOKENS)}

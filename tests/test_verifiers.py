@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from gateway.keys import ensure_project
+from core.keys import ensure_project
 from schemas.convert import to_row
 from schemas.tables import FeedbackRow, InteractionRow, SessionRow
 from tests.rows import interaction, session
+from trainer.hooks import on_session_closed
 from trainer.verifiers import (
     VerifierContext,
     command,
@@ -24,7 +25,6 @@ from trainer.verifiers import (
     exact_number,
     get_verifier,
     last_number,
-    on_session_closed,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,7 +92,7 @@ def test_selection_rules():
 @pytest.fixture
 def worker(db_url, migrated_db, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
     """A real `celery worker` process on a Redis broker and the test's database."""
-    from gateway.settings import get_settings
+    from core.settings import get_settings
 
     broker = f"redis://127.0.0.1:6379/{REDIS_DB}"
     env = {

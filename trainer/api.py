@@ -1,4 +1,9 @@
-"""Functions for the admin API (and anything else that triggers or steers training)."""
+"""The gateway's one door into the trainer (tests/test_imports.py): triggering and steering
+training (the admin API, the CLI) and the trainer's side of ratings and closed sessions.
+
+Importing this module is light (no torch, no Celery): the gateway imports it on its first
+rating. The trainer modules behind each function are imported when it is first called.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,43 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db import transaction
-from gateway.keys import audit
-from trainer import runner, runs
+from core.db import transaction
+from core.keys import audit
+from core.settings import Settings
+from schemas.tables import FeedbackRow
+from trainer import hooks
+from trainer.publish import PublishError
+
+__all__ = [
+    "PublishError",
+    "after_feedback",
+    "check_training",
+    "effective_training",
+    "list_adapters",
+    "on_session_closed",
+    "promote",
+    "rollback",
+    "serve_version",
+    "train_now",
+]
+
+
+# ---- ratings and sessions -------------------------------------------------------------------
+
+
+def after_feedback(factory: sessionmaker[Session], row: FeedbackRow) -> None:
+    """After a new feedback record: credit assignment for its session, and closing the
+    session on a session rating when the project says so (trainer/hooks.py)."""
+    hooks.after_feedback(factory, row)
+
+
+def on_session_closed(factory: sessionmaker[Session], session_id: str) -> bool:
+    """After a session was closed or expired: credit assignment and, when a verifier is
+    configured, the verifier task; returns whether it enqueued. Never raises."""
+    return hooks.on_session_closed(factory, session_id)
+
+
+# ---- training ---------------------------------------------------------------------------------
 
 
 def train_now(
@@ -22,6 +61,7 @@ def train_now(
 
     The run row exists immediately with status ``queued``; a worker picks it up.
     """
+    from trainer import runner, runs
     from trainer.tasks import train_project
 
     factory = factory or runner.db_factory()
@@ -33,15 +73,66 @@ def train_now(
     return run_id
 
 
+def effective_training(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The training settings a run would use with these project overrides (the snapshot a
+    run records), or ``{"error": ...}`` when the stored overrides cannot work."""
+    from trainer.config import TrainConfig, TrainConfigError
+
+    try:
+        return TrainConfig.from_project_settings({"training": overrides}).snapshot()
+    except TrainConfigError as e:  # stored by hand and broken: say so, do not hide it
+        return {"error": str(e)}
+
+
+def check_training(overrides: dict[str, Any]) -> None:
+    """Raise a ValueError (or TypeError) saying what is wrong unless these overrides make a
+    valid TrainConfig (types, the bounds table, the eval gate's schema) whose eval gate
+    names a registered verifier."""
+    from trainer.config import TrainConfig
+    from trainer.eval_gate import require_registered
+
+    cfg = TrainConfig.from_project_settings({"training": overrides})
+    require_registered(cfg.eval_gate)
+
+
+# ---- adapters ---------------------------------------------------------------------------------
+
+
+def serve_version(
+    project_id: str,
+    target: str | int,
+    *,
+    actor: str,
+    action: str,
+    settings: Settings | None = None,
+    factory: sessionmaker[Session] | None = None,
+) -> dict[str, Any]:
+    """Serve a version (name or number) of the project; an AuditEvent ``action``.
+    :class:`PublishError` when an engine refused it, LookupError for an unknown one."""
+    from trainer import runner
+
+    return dict(
+        runner.serve_version(
+            project_id, target, actor=actor, action=action, settings=settings, factory=factory
+        )
+    )
+
+
 def rollback(project_id: str, target: str | int, actor: str) -> dict[str, Any]:
     """Re-serve an earlier version (name or number); an AuditEvent adapter.rollback."""
+    from trainer import runner
+
     return runner.serve_version(project_id, target, actor=actor, action="adapter.rollback")
 
 
 def promote(project_id: str, target: str | int, actor: str) -> dict[str, Any]:
     """Serve a given version (e.g. a candidate); an AuditEvent adapter.promote."""
+    from trainer import runner
+
     return runner.serve_version(project_id, target, actor=actor, action="adapter.promote")
 
 
 def list_adapters(project_id: str | None = None) -> list[dict[str, Any]]:
+    from trainer import runner
+
     return runner.list_versions(project_id)

@@ -1,41 +1,16 @@
-"""The Celery application every rlgate worker runs.
+"""The Celery application every rlgate worker runs: the app of trainer/celery_base.py with
+every task module registered on it (``celery -A trainer.celery_app worker``).
 
-Broker from settings: Redis or RabbitMQ in production; the embedded default is kombu's
-SQLAlchemy transport on a SQLite file under the data dir (no broker server). The same
-task code runs on every broker.
+Importing this module is what makes a process know all the tasks by name (the worker,
+beat); a producer sends by name and needs only trainer/celery_base.py. The task modules
+never import this one (tests/test_imports.py: no import cycles).
 """
 
 from __future__ import annotations
 
-from celery import Celery
-
-from gateway.settings import Settings, get_settings
-
-
-def make_celery(settings: Settings | None = None) -> Celery:
-    settings = settings or get_settings()
-    broker = settings.effective_broker_url
-    if broker.startswith("sqla+sqlite:///"):
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-    app = Celery("rlgate", broker=broker)
-    app.conf.update(
-        task_serializer="json",
-        accept_content=["json"],
-        task_ignore_result=True,
-        task_acks_late=True,  # a task whose worker dies is delivered again
-        task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
-        broker_connection_retry_on_startup=True,
-        timezone="UTC",
-    )
-    return app
-
-
-app = make_celery()
-
-
-# The task modules register on `app`; import them so every process that has the app
-# (worker, beat, producers) knows the tasks by name.
-from trainer import retention, tasks, verifiers  # noqa: E402, F401
+from trainer import retention, tasks  # noqa: F401 - registers the trainer's tasks
+from trainer.celery_base import app
 
 retention.register(app)  # daily payload retention job (trainer/retention.py)
+
+__all__ = ["app"]

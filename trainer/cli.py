@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from gateway.settings import get_settings
+from core.settings import get_settings
 
 
 def _logging(level: str) -> None:

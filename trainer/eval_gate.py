@@ -22,11 +22,12 @@ the gate then fails closed (trainer/publish.py).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
-NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+from trainer import verifier_specs
+from trainer.verifier_specs import VerifierSpecError
+
 DEFAULT_VERIFIER = "contains"
 MAX_PROMPTS = 64
 MAX_PROMPT_CHARS = 8000
@@ -50,13 +51,12 @@ class GateError(Exception):
 
 
 def check_verifier_name(name: Any, where: str = "verifier") -> str:
-    """A verifier name as stored data: a short identifier, never ``module:function``."""
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise GateConfigError(
-            f"{where} must be the name of a registered verifier (a built-in such as "
-            f"'exact_number' or 'contains', or an 'rlgate.verifiers' entry point), not {name!r}"
-        )
-    return name
+    """A verifier name as stored data: a short identifier, never ``module:function``
+    (trainer.verifier_specs.check_verifier_name, as a :class:`GateConfigError`)."""
+    try:
+        return verifier_specs.check_verifier_name(name, where)
+    except VerifierSpecError as e:
+        raise GateConfigError(str(e)) from None
 
 
 @dataclass(frozen=True)

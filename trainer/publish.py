@@ -25,8 +25,8 @@ import httpx
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db import transaction
-from gateway.keys import audit
+from core.db import transaction
+from core.keys import audit
 from schemas.coltypes import utcnow
 from schemas.tables import PolicyVersionRow, TrainingRunRow
 from trainer.eval_gate import EvalGate, GateConfigError, GateError, resolve, score_output
@@ -42,7 +42,7 @@ class PublishError(Exception):
 def _client(timeout: float, headers: dict[str, str] | None) -> httpx.Client:
     """An engine client sending ``headers``, or the settings' engine key when None."""
     if headers is None:
-        from gateway.settings import get_settings  # the trainer's one Settings object
+        from core.settings import get_settings  # the trainer's one Settings object
 
         headers = get_settings().engine_headers
     return httpx.Client(timeout=timeout, headers=headers)

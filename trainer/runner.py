@@ -23,9 +23,9 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db import transaction
-from gateway.keys import new_id
-from gateway.settings import Settings, get_settings
+from core.db import transaction
+from core.keys import new_id
+from core.settings import Settings, get_settings
 from schemas.coltypes import utcnow
 from schemas.tables import InteractionRow, PolicyVersionRow, ProjectRow, TrainingRunRow
 from trainer import guards, runs

@@ -21,8 +21,8 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db import transaction
-from gateway.keys import new_id
+from core.db import transaction
+from core.keys import new_id
 from schemas.coltypes import utcnow
 from schemas.tables import ProjectRow, TrainingRunRow
 

@@ -11,9 +11,9 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db import make_engine, session_factory, transaction
-from gateway.keys import audit
-from gateway.settings import Settings, get_settings
+from core.db import make_engine, session_factory, transaction
+from core.keys import audit
+from core.settings import Settings, get_settings
 from schemas.tables import PolicyVersionRow, ProjectRow, TrainingRunRow
 from trainer import publish, runs
 from trainer.config import TrainConfig

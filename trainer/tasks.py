@@ -7,6 +7,8 @@
   run the guards (trainer/guards.py: roll back a serving version that got worse), and
   start runs that are due (threshold reached, or the schedule with >= min_samples).
 - ``rlgate.retry_publish()``: only the re-publish part.
+- ``rlgate.verifiers.verify_session(session_id)``: run the configured verifiers on a
+  closed session (trainer/hooks.py enqueues it and holds its body).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import logging
 import os
 from typing import Any
 
-from trainer import runner
-from trainer.celery_app import app
+from trainer import hooks, runner
+from trainer.celery_base import app
 
 log = logging.getLogger("rlgate.trainer")
 
@@ -58,7 +60,7 @@ def retry_publish() -> list[str]:
 
 @app.task(name="rlgate.tick")
 def tick() -> dict[str, Any]:
-    from gateway.settings import get_settings
+    from core.settings import get_settings
     from trainer.publish import ensure_serving_loaded
 
     settings = get_settings()
@@ -84,3 +86,12 @@ def tick() -> dict[str, Any]:
         "rolled_back": rolled_back,
         "started": started,
     }
+
+
+@app.task(name=hooks.VERIFY_TASK, acks_late=True)
+def verify_session(session_id: str) -> int:
+    """Celery task: run the configured verifiers on a closed session."""
+    from core.settings import get_settings
+
+    factory = hooks.factory_for(get_settings().effective_database_url)
+    return len(hooks.run_verifiers(factory, session_id))

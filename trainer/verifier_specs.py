@@ -5,16 +5,28 @@ registered names (``trainer.verifiers.verifier_names()``)."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
-
-from trainer.eval_gate import GateConfigError, check_verifier_name
 
 MAX_SPECS = 8  # verifiers per session / project
 MAX_PARAMS_CHARS = 16_000  # a spec's parameters as JSON
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 
 
 class VerifierSpecError(ValueError):
     """A verifier spec that cannot run; the message says what to change."""
+
+
+def check_verifier_name(name: Any, where: str = "verifier") -> str:
+    """A verifier name as stored data: a short identifier, never ``module:function``;
+    :class:`VerifierSpecError` otherwise (trainer/eval_gate.py turns it into its own
+    GateConfigError)."""
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise VerifierSpecError(
+            f"{where} must be the name of a registered verifier (a built-in such as "
+            f"'exact_number' or 'contains', or an 'rlgate.verifiers' entry point), not {name!r}"
+        )
+    return name
 
 
 def _check_command_params(spec: dict[str, Any], where: str) -> None:
@@ -61,10 +73,7 @@ def check_spec(item: Any, where: str, known: set[str]) -> dict[str, Any]:
     spec = {"name": item} if isinstance(item, str) else item
     if not isinstance(spec, dict):
         raise VerifierSpecError(f"{where} must be a verifier name or an object with 'name'")
-    try:
-        name = check_verifier_name(spec.get("name"), f"{where}.name")
-    except GateConfigError as e:
-        raise VerifierSpecError(str(e)) from None
+    name = check_verifier_name(spec.get("name"), f"{where}.name")
     if name not in known:
         raise VerifierSpecError(
             f"{where}.name: no verifier {name!r} is registered (known: {sorted(known)})"

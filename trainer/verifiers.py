@@ -1,4 +1,5 @@
-"""Verifiers: reward functions that rate a closed session, run as Celery tasks.
+"""Verifiers: reward functions that rate a closed session (run by the Celery task in
+trainer/tasks.py, whose body is trainer/hooks.py).
 
 A verifier is a function ``(ctx: VerifierContext, answer: Interaction) -> float | None``:
 a reward in [-1, 1] for one final answer, or None to abstain. Verifiers are found by
@@ -16,11 +17,9 @@ be able to run commands on the workers). Specs are checked (:func:`check_specs`:
 name, known parameters with bounds, at most :data:`MAX_SPECS`); an invalid spec is logged
 and skipped, never run.
 
-When a session closes, :func:`on_session_closed` re-runs credit assignment for it and,
-when a verifier is configured, enqueues :func:`verify_session`. The task scores the final
-turn: one answer -> one session-level feedback; an n>1 final turn -> one interaction
-feedback per member. Feedback has ``source="verifier"``, ``rater=<verifier name>`` and an
-idempotency key, so a redelivered task does not rate twice.
+When a session closes, trainer.hooks.on_session_closed enqueues the verifier task if a
+verifier is configured; trainer.hooks.run_verifiers scores the final turn and stores the
+scores as feedback.
 """
 
 from __future__ import annotations
@@ -33,25 +32,17 @@ import signal
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
 from importlib.metadata import entry_points
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
-
 from schemas.atdp import Interaction
 from schemas.atdp import Session as SessionRecord
-from schemas.convert import to_record
-from schemas.tables import InteractionRow, ProjectRow, SessionRow
 from trainer import verifier_specs
-from trainer.celery_app import app
 from trainer.verifier_specs import MAX_SPECS, VerifierSpecError, check_spec
 
 log = logging.getLogger("rlgate.verifiers")
 
 ENTRY_POINT_GROUP = "rlgate.verifiers"
-TASK_NAME = "rlgate.verifiers.verify_session"
 TRUSTED_ONLY = {"command": ("command", "cwd", "timeout_s", "env")}
 
 
@@ -246,152 +237,3 @@ def project_params(project_settings: dict[str, Any] | None, name: str) -> dict[s
     return next(
         ({k: v for k, v in s.items() if k != "name"} for s in specs if s["name"] == name), {}
     )
-
-
-# ---- running --------------------------------------------------------------------------------
-
-
-def _final_turn(interactions: list[Interaction]) -> list[Interaction]:
-    live = [i for i in interactions if i.finish_reason != "abort"]
-    if not live:
-        return []
-    last = max(live, key=lambda i: i.seq)
-    if last.group_id is None:
-        return [last]
-    return sorted((i for i in live if i.group_id == last.group_id), key=lambda i: i.choice_index)
-
-
-def run_verifiers(factory: sessionmaker[Session], session_id: str) -> list[dict[str, Any]]:
-    """Run the session's verifiers and store their feedback; returns the feedback JSON."""
-    from gateway.feedback import FeedbackInput, Scope, submit_feedback
-
-    with factory() as db:
-        srow = db.get(SessionRow, session_id)
-        if srow is None:
-            return []
-        session = to_record(srow)
-        project = db.get(ProjectRow, srow.project_id)
-        settings = dict(project.settings or {}) if project is not None else {}
-        interactions = [
-            to_record(r)
-            for r in db.scalars(
-                select(InteractionRow)
-                .where(InteractionRow.session_id == session_id)
-                .order_by(InteractionRow.seq)
-            ).all()
-        ]
-    assert isinstance(session, SessionRecord)
-    final = _final_turn(interactions)  # type: ignore[arg-type]
-    if not final:
-        return []
-    stored = []
-    for spec in configured_verifiers(settings, session.metadata or {}):
-        name = spec["name"]
-        fn = get_verifier(name)
-        if fn is None:
-            log.warning("unknown verifier %r for session %s", name, session_id)
-            continue
-        ctx = VerifierContext(session, interactions, spec)  # type: ignore[arg-type]
-        for answer in final:
-            try:
-                score = fn(ctx, answer)
-            except Exception:
-                log.exception("verifier %s failed on %s", name, answer.id)
-                continue
-            if score is None:
-                continue
-            score = max(-1.0, min(1.0, float(score)))
-            whole = len(final) == 1
-            target = "session" if whole else "interaction"
-            ref = session_id if whole else answer.id
-            inp = FeedbackInput(
-                target=target,
-                ref=ref,
-                value=score,
-                scale="scalar",
-                scale_min=-1.0,
-                scale_max=1.0,
-                reward=score,
-                source="verifier",
-                rater=name,
-                idempotency_key=f"verifier:{name}:{ref}",
-            )
-            try:
-                fb, _ = submit_feedback(
-                    factory, inp, scope=Scope(session.project_id, session_id), wait_s=0
-                )
-            except Exception as e:  # e.g. 409: a redelivered task scored differently
-                log.warning("verifier %s feedback on %s not stored: %s", name, ref, e)
-                continue
-            stored.append(fb)
-    return stored
-
-
-@lru_cache(maxsize=4)
-def _factory_for(url: str) -> sessionmaker[Session]:
-    from gateway.db import make_engine, session_factory
-
-    return session_factory(make_engine(url))
-
-
-@app.task(name=TASK_NAME, acks_late=True)
-def verify_session(session_id: str) -> int:
-    """Celery task: run the configured verifiers on a closed session."""
-    from gateway.settings import get_settings
-
-    factory = _factory_for(get_settings().effective_database_url)
-    return len(run_verifiers(factory, session_id))
-
-
-# ---- the hook ---------------------------------------------------------------------------------
-
-
-@lru_cache(maxsize=4)
-def _publisher_for(broker_url: str) -> Any:
-    from trainer.celery_app import make_celery
-
-    return make_celery()
-
-
-def _publisher() -> Any:
-    """The Celery app to send with: the worker app, unless the settings changed since it
-    was made (tests, embedding processes)."""
-    from gateway.settings import get_settings
-
-    url = get_settings().effective_broker_url
-    if app.conf.broker_url == url:
-        return app
-    return _publisher_for(url)
-
-
-def enqueue_verification(session_id: str) -> None:
-    _publisher().send_task(
-        TASK_NAME,
-        args=[session_id],
-        retry=True,
-        retry_policy={"max_retries": 3, "interval_start": 0, "interval_step": 0.5},
-    )
-
-
-def on_session_closed(factory: sessionmaker[Session], session_id: str) -> bool:
-    """Call after a session was closed or expired (after the commit). Re-runs credit
-    assignment (the ``wait`` policy settles now) and enqueues the verifier task when a
-    verifier is configured; returns whether it enqueued. Never raises."""
-    from trainer.credit import assign_rewards_tx
-
-    try:
-        with factory() as db:
-            srow = db.get(SessionRow, session_id)
-            if srow is None:
-                return False
-            project_id, meta = srow.project_id, dict(srow.meta or {})
-            project = db.get(ProjectRow, project_id)
-            settings = dict(project.settings or {}) if project is not None else {}
-        assign_rewards_tx(factory, project_id, session_id)
-        if not configured_verifiers(settings, meta):
-            return False
-        enqueue_verification(session_id)
-        return True
-    except Exception:
-        log.exception("session-closed hook failed for %s", session_id)
-        return False

@@ -288,9 +288,9 @@ def tune_training(project: str, manual: bool) -> None:
     """Write Project.settings["training"] through rlgate's own database layer (the admin
     API has no settings route). Needs the same RLGATE_DATA_DIR / RLGATE_DATABASE_URL as
     the running `rlgate up`."""
-    from gateway.db import make_engine, session_factory, transaction
-    from gateway.keys import ensure_project
-    from gateway.settings import get_settings
+    from core.db import make_engine, session_factory, transaction
+    from core.keys import ensure_project
+    from core.settings import get_settings
 
     training = {**TRAINING, **(MANUAL_TRIGGERS if manual else SCHEDULE_TRIGGERS)}
     url = get_settings().effective_database_url

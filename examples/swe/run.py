@@ -164,9 +164,9 @@ def configure_project(
     """Create the project (and an agent + admin key when ``want_keys``) and, for
     ``verify_worker``, set its ``command`` verifier to run verify.py. Uses rlgate's settings
     (RLGATE_DATA_DIR / RLGATE_DATABASE_URL), like ``rlgate keys create``."""
-    from gateway.db import make_engine, session_factory, transaction
-    from gateway.keys import create_key, ensure_project
-    from gateway.settings import get_settings
+    from core.db import make_engine, session_factory, transaction
+    from core.keys import create_key, ensure_project
+    from core.settings import get_settings
 
     factory = session_factory(make_engine(get_settings().effective_database_url))
     agent_key = admin_key = None

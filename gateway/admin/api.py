@@ -16,6 +16,7 @@ from typing import Any, ParamSpec, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from core.errors import APIError
 from gateway import admin_actions as actions
 from gateway.admin import queries
 from gateway.admin.auth import api_ctx, project_for
@@ -30,7 +31,6 @@ from gateway.admin.params import (
     session_filters,
 )
 from gateway.admin_actions import ActionError
-from gateway.errors import APIError
 from gateway.routing import gw_of
 
 router = APIRouter(include_in_schema=False)

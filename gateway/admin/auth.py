@@ -27,9 +27,9 @@ from typing import Any
 
 from fastapi import Request
 
+from core.errors import APIError
 from gateway.admin_actions import ActionError
 from gateway.auth import BOOTSTRAP_ADMIN_ID, Principal, presented_secret
-from gateway.errors import APIError
 from gateway.routing import gw_of
 from schemas.tables import ApiKeyRow
 

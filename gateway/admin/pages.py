@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from core.errors import APIError
 from gateway import admin_actions as actions
 from gateway.admin import charts, queries
 from gateway.admin.auth import (
@@ -43,7 +44,6 @@ from gateway.admin.params import (
 )
 from gateway.admin.render import HERE, html, render
 from gateway.admin_actions import ActionError
-from gateway.errors import APIError
 from gateway.ratelimit import limiter_for, settings_of
 from gateway.routing import gw_of
 

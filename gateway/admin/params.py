@@ -7,8 +7,8 @@ from typing import Any
 
 from fastapi import Request
 
+from core.errors import APIError
 from gateway.admin import queries
-from gateway.errors import APIError
 
 _YES = ("1", "true", "yes")
 

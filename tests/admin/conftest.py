@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 from sqlalchemy import insert
 
-from gateway.db import make_engine, session_factory, transaction
-from gateway.keys import create_key
+from core.db import make_engine, session_factory, transaction
+from core.keys import create_key
 from gateway.migrate import upgrade
 from schemas.coltypes import utcnow
 from schemas.tables import (

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.db import make_engine, session_factory, transaction
-from gateway.keys import create_key
+from core.db import make_engine, session_factory, transaction
+from core.keys import create_key
 from gateway.migrate import upgrade
 from schemas.coltypes import utcnow
 from schemas.tables import AuditEventRow, ProjectRow

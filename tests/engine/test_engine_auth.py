@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.db import make_engine, session_factory, transaction
-from gateway.keys import create_key
+from core.db import make_engine, session_factory, transaction
+from core.keys import create_key
 from gateway.migrate import upgrade
 from tests.servers import Proc, engine_cmd, free_port, gateway, running
 from trainer import publish
@@ -193,7 +193,7 @@ def test_trainer_publish_sends_the_key(keyed: Proc, allowed: dict[str, str]) -> 
 def test_trainer_publish_reads_the_key_from_settings(
     keyed: Proc, allowed: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gateway.settings import get_settings
+    from core.settings import get_settings
 
     monkeypatch.setenv("RLGATE_ENGINE_API_KEY", KEY)
     get_settings.cache_clear()

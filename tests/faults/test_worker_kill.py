@@ -19,7 +19,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from gateway.db import make_engine, session_factory
+from core.db import make_engine, session_factory
 from gateway.migrate import upgrade
 from schemas.tables import InteractionRow, PolicyVersionRow, TrainingRunRow
 from tests.trainer.helpers import greedy, make_project, record, set_training
@@ -56,7 +56,7 @@ def test_worker_sigkill_mid_run_publishes_nothing_and_next_run_reuses_samples(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from trainer import runs
-    from trainer.celery_app import make_celery
+    from trainer.celery_base import make_celery
 
     upgrade(pg_url)
     factory = session_factory(make_engine(pg_url))

@@ -32,8 +32,8 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.errors import FailureGroup
 from schemathesis.generation import GenerationMode
 
-from gateway.db import make_engine, session_factory, transaction
-from gateway.keys import create_key
+from core.db import make_engine, session_factory, transaction
+from core.keys import create_key
 from gateway.migrate import upgrade
 from tests.gateway.conftest import engine, model_dir  # noqa: F401 - shared fixtures
 from tests.servers import gateway

@@ -13,9 +13,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from core.db import make_engine, session_factory, transaction
+from core.keys import create_key
 from engine.model_files import PACKAGED_MODEL, resolve_model_dir
-from gateway.db import make_engine, session_factory, transaction
-from gateway.keys import create_key
 from gateway.migrate import upgrade
 from tests.conftest import PG_BASE
 from tests.servers import MODEL_CACHE, Proc, engine_cmd, free_port, gateway, running

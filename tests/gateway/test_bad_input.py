@@ -88,8 +88,8 @@ def test_unknown_key_is_401(stack, auth):
 
 
 def test_revoked_key_stops_working(stack):
-    from gateway.db import transaction
-    from gateway.keys import create_key, revoke_key
+    from core.db import transaction
+    from core.keys import create_key, revoke_key
 
     with transaction(stack.factory) as db:
         row, secret = create_key(db, "p1", "agent")

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from gateway.db import make_engine, session_factory, transaction
-from gateway.errors import APIError
-from gateway.keys import ensure_project
+from core.db import make_engine, session_factory, transaction
+from core.errors import APIError
+from core.keys import ensure_project
 from gateway.recorder import Recorder
 from schemas.tables import InteractionRow, SessionRow
 from tests.gateway.records import entry, iid

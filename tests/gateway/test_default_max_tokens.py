@@ -6,8 +6,8 @@ from __future__ import annotations
 import anthropic
 import openai
 
-from gateway.db import make_engine, session_factory, transaction
-from gateway.keys import create_key
+from core.db import make_engine, session_factory, transaction
+from core.keys import create_key
 from gateway.migrate import upgrade
 from tests.servers import gateway
 

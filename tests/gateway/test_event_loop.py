@@ -24,11 +24,12 @@ import httpx
 import pytest
 import uvicorn
 
-from gateway.app import Gateway, create_app
-from gateway.db import make_engine, session_factory, transaction
-from gateway.keys import create_key
+from core.db import make_engine, session_factory, transaction
+from core.keys import create_key
+from core.settings import Settings
+from gateway.app import create_app
 from gateway.migrate import upgrade
-from gateway.settings import Settings
+from gateway.state import Gateway
 from gateway.templating import MIN_PROMPT_CHARS
 from tests.servers import MODEL_CACHE, Proc, free_port
 

@@ -14,8 +14,8 @@ import psycopg
 import pytest
 from sqlalchemy import func, select
 
-from gateway.db import make_engine, session_factory, transaction
-from gateway.keys import create_key
+from core.db import make_engine, session_factory, transaction
+from core.keys import create_key
 from gateway.migrate import upgrade
 from schemas.tables import InteractionRow
 from tests.gateway.helpers import counts, wait_recorded

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from gateway.errors import APIError
+from core.errors import APIError
 from gateway.feedback import MAX_ABS, _clip, normalize, parse_feedback
 
 

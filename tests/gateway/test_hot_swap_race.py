@@ -8,8 +8,8 @@ import httpx
 import openai
 import torch
 
-from gateway.db import transaction
-from gateway.keys import create_key, ensure_project
+from core.db import transaction
+from core.keys import create_key, ensure_project
 from gateway.migrate import upgrade
 from schemas.coltypes import utcnow
 from schemas.tables import PolicyVersionRow
@@ -33,7 +33,7 @@ def test_request_meets_an_unloaded_adapter_and_retries_on_the_new_one(
     sqlite_url, engine, model_dir, tmp_path
 ):
     upgrade(sqlite_url)
-    from gateway.db import make_engine, session_factory
+    from core.db import make_engine, session_factory
 
     factory = session_factory(make_engine(sqlite_url))
     names = ["swap-policy-v1", "swap-policy-v2"]

@@ -7,8 +7,8 @@ from datetime import timedelta
 
 from sqlalchemy import select, text, update
 
-from gateway.db import make_engine
-from gateway.keys import (
+from core.db import make_engine
+from core.keys import (
     MIN_CHOSEN_LEN,
     PREFIX_MAX,
     create_key,

@@ -12,8 +12,8 @@ import time
 import httpx
 from sqlalchemy import select
 
-from gateway.db import transaction
-from gateway.keys import revoke_key
+from core.db import transaction
+from core.keys import revoke_key
 from schemas.tables import ApiKeyRow
 from tests.gateway.helpers import wait_recorded
 

@@ -13,9 +13,9 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from core.settings import Settings
 from gateway.app import install_error_handlers
 from gateway.ratelimit import MemoryLimiter, RateLimitMiddleware, RedisLimiter
-from gateway.settings import Settings
 
 pytestmark = pytest.mark.anyio
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.db import make_engine, session_factory, transaction
-from gateway.keys import create_key, ensure_project
+from core.db import make_engine, session_factory, transaction
+from core.keys import create_key, ensure_project
 from gateway.migrate import upgrade
 from tests.gateway.helpers import counts, wait_recorded
 from tests.gateway.records import entry, iid

@@ -16,17 +16,12 @@ from click.testing import CliRunner
 from pydantic import ValidationError
 from sqlalchemy import text, update
 
+from core.db import transaction
+from core.keys import create_key
+from core.redaction_patterns import RedactionConfigError, check_pattern
+from core.settings import Settings, get_settings
 from gateway.cli import main
-from gateway.db import transaction
-from gateway.keys import create_key
-from gateway.redaction import (
-    MARKER,
-    RedactionConfigError,
-    RedactionPolicy,
-    Redactor,
-    check_pattern,
-)
-from gateway.settings import Settings, get_settings
+from gateway.redaction import MARKER, RedactionPolicy, Redactor
 from schemas.tables import InteractionRow, ProjectRow
 from tests.gateway.helpers import run_in_fresh_loop, wait_recorded
 from trainer.data import count_trainable, select_samples

@@ -9,8 +9,8 @@ import random
 import pytest
 from sqlalchemy.exc import DataError, IntegrityError, InterfaceError, OperationalError
 
+from core.errors import APIError
 from gateway.dead_letters import refused_for_content
-from gateway.errors import APIError
 from gateway.request import Message, ToolCallOut
 from gateway.responses_routes import ResponseStore
 from gateway.sessions import conversation_hash, prefix_hashes

@@ -15,8 +15,8 @@ import httpx
 import pytest
 import torch
 
-from gateway.db import transaction
-from gateway.keys import ensure_project
+from core.db import transaction
+from core.keys import ensure_project
 from gateway.parsing import HermesToolParser, Llama3JsonToolParser, StreamingParser, parse_output
 from gateway.request import Message, Tool
 from gateway.templating import ChatRenderer, load_tokenizer

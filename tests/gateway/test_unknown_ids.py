@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.db import make_engine, session_factory, transaction
-from gateway.keys import create_key
+from core.db import make_engine, session_factory, transaction
+from core.keys import create_key
 from gateway.migrate import upgrade
 from gateway.waits import WaitSlots
 from tests.gateway.helpers import run_in_fresh_loop

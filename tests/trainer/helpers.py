@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.db import transaction
+from core.db import transaction
 from schemas.coltypes import utcnow
 from schemas.tables import InteractionRow, ProjectRow, SessionRow
 from tests.servers import MODEL_CACHE

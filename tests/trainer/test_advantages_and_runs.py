@@ -44,7 +44,7 @@ def test_singletons_use_a_persisted_running_baseline_never_zero() -> None:
 
 
 def test_one_active_run_per_project_and_takeover(migrated_db) -> None:  # type: ignore[no-untyped-def]
-    from gateway.db import transaction
+    from core.db import transaction
     from schemas.coltypes import utcnow
     from schemas.tables import ProjectRow, TrainingRunRow
     from trainer import runs

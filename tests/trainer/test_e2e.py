@@ -17,9 +17,9 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import select
 
-from gateway.db import make_engine, session_factory
+from core.db import make_engine, session_factory
+from core.settings import Settings, get_settings
 from gateway.migrate import upgrade
-from gateway.settings import Settings, get_settings
 from schemas.tables import AuditEventRow, InteractionRow, PolicyVersionRow, TrainingRunRow
 from tests.servers import REPO, engine_cmd, free_port, running
 from tests.trainer.helpers import MODEL_DIR, greedy, make_project, record, set_training
@@ -124,7 +124,7 @@ def test_worker_trains_publishes_survives_sigkill_and_rolls_back(
     engine_url: str, pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from trainer import runs
-    from trainer.celery_app import make_celery
+    from trainer.celery_base import make_celery
     from trainer.cli import adapters_group
 
     upgrade(pg_url)
@@ -306,7 +306,7 @@ def test_gateway_rate_train_serve_loop(
 
     from tests.servers import gateway
     from trainer import runs
-    from trainer.celery_app import make_celery
+    from trainer.celery_base import make_celery
 
     upgrade(pg_url)
     factory = session_factory(make_engine(pg_url))
@@ -314,8 +314,8 @@ def test_gateway_rate_train_serve_loop(
     env = _env(tmp_path, pg_url, engine_url, RLGATE_BROKER_URL="redis://127.0.0.1:6379/0")
     settings = _use_env(monkeypatch, env)
     pid = make_project(factory, TRAINING)
-    from gateway.db import transaction
-    from gateway.keys import create_key
+    from core.db import transaction
+    from core.keys import create_key
 
     with transaction(factory) as db:
         _, key = create_key(db, pid, "agent")

@@ -17,8 +17,8 @@ import pytest
 import torch
 from sqlalchemy import select
 
-from gateway.db import transaction
-from gateway.settings import Settings, get_settings
+from core.db import transaction
+from core.settings import Settings, get_settings
 from schemas.coltypes import utcnow
 from schemas.tables import AuditEventRow, PolicyVersionRow, ProjectRow, TrainingRunRow
 from tests.servers import engine_cmd, free_port, running

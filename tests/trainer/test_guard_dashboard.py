@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
+from core.db import transaction
 from gateway.admin import queries
 from gateway.admin.pages import _run_charts
 from gateway.admin.render import env
-from gateway.db import transaction
 from schemas.coltypes import utcnow
 from schemas.tables import TrainingRunRow
 from tests.trainer.helpers import make_project

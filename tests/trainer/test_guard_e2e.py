@@ -19,7 +19,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from gateway.db import make_engine, session_factory
+from core.db import make_engine, session_factory
 from gateway.migrate import upgrade
 from schemas.tables import AuditEventRow, PolicyVersionRow, TrainingRunRow
 from tests.trainer.helpers import make_project, record
@@ -49,7 +49,7 @@ def test_guard_rolls_back_a_worse_version_and_training_restarts_from_the_best(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from trainer import runs
-    from trainer.celery_app import make_celery
+    from trainer.celery_base import make_celery
 
     upgrade(pg_url)
     factory = session_factory(make_engine(pg_url))

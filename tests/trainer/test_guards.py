@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gateway.db import transaction
+from core.db import transaction
 from schemas.coltypes import utcnow
 from schemas.tables import InteractionRow, PolicyVersionRow, SessionRow
 from tests.trainer.helpers import make_project

@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import select, text
 
-from gateway.db import transaction
-from gateway.keys import ensure_project
+from core.db import transaction
+from core.keys import ensure_project
 from schemas.atdp import Interaction
 from schemas.convert import to_record, to_row
 from schemas.tables import AuditEventRow, InteractionRow
@@ -141,7 +141,7 @@ def test_celery_task_uses_the_settings(migrated_db, db_url, monkeypatch):
     assert app.conf.beat_schedule["rlgate-retention"]["task"] == "rlgate.retention"
     monkeypatch.setenv("RLGATE_DATABASE_URL", db_url)
     monkeypatch.setenv("RLGATE_RETENTION_DAYS", "30")
-    from gateway.settings import get_settings
+    from core.settings import get_settings
 
     get_settings.cache_clear()
     seed(migrated_db, "p1", old=1, recent=1)

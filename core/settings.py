@@ -22,6 +22,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from core.redaction_patterns import compile_patterns
+
 EMBEDDED_ENGINE_URL = "http://127.0.0.1:30000"
 PACKAGED_MODEL = "packaged:smollm2-135m-instruct"
 
@@ -135,7 +137,8 @@ class Settings(BaseSettings):
         description="How often spool segments left by dead gateway processes are replayed.",
     )
 
-    # ---- data protection (gateway/redaction.py, trainer/retention.py, docs/data-protection.md)
+    # ---- data protection (gateway/redaction.py, core/redaction_patterns.py,
+    # trainer/retention.py, docs/data-protection.md)
     redact: bool = Field(
         False,
         description="Redact emails, phone numbers, API keys and long hex/base64 secrets (and "
@@ -216,8 +219,6 @@ class Settings(BaseSettings):
     @field_validator("redact_patterns")
     @classmethod
     def _patterns(cls, v: list[str]) -> list[str]:
-        from gateway.redaction import compile_patterns
-
         compile_patterns(v)  # RedactionConfigError (a ValueError) names the bad pattern
         return v
 

@@ -11,23 +11,14 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, InterfaceError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from gateway.errors import APIError
-from gateway.settings import ConfigError
+from core.settings import ConfigError
 
 # The database cannot be reached (down, restarting, network): serving goes on from what a
 # gateway already knows (keys, sessions, the serving adapter, answers spooled to disk),
-# for at most STALE_IF_DOWN_S after it last read them; anything else is a clean 503.
+# for at most STALE_IF_DOWN_S after it last read them; anything else is a clean 503
+# (gateway.errors.db_down_error).
 DB_DOWN = (OperationalError, InterfaceError)
 STALE_IF_DOWN_S = 900.0
-
-
-def db_down_error() -> APIError:
-    return APIError(
-        503,
-        "the database is unreachable and this gateway has no recent copy of what the "
-        "request needs; retry shortly",
-        headers={"Retry-After": "5"},
-    )
 
 
 SUPPORTED = ("sqlite", "postgresql")

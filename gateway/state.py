@@ -1,0 +1,30 @@
+"""The running gateway's state: what ``request.app.state.gw`` holds for every route.
+
+Built by gateway/app.py (``build_gateway``); the route modules read it through
+gateway.routing.gw_of and depend on this module, never on gateway/app.py, which imports
+them (tests/test_imports.py: no import cycles).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from core.settings import Settings
+from gateway.auth import Authenticator
+from gateway.engine_client import EngineClient
+from gateway.metrics import Metrics
+from gateway.recorder import Recorder
+from gateway.service import Pipeline
+
+
+@dataclass
+class Gateway:
+    settings: Settings
+    factory: Any
+    auth: Authenticator
+    pipeline: Pipeline
+    recorder: Recorder
+    engines: EngineClient
+    metrics: Metrics
+    tokenizer: Any

@@ -1,0 +1,199 @@
+"""The module graph's layering, read with `ast` (the project is never imported).
+
+Every `import` and `from ... import` anywhere in a file counts: module level,
+function-local, and under `if TYPE_CHECKING:`. Relative imports are resolved.
+
+Layers (docs/architecture.md), bottom up: `schemas` (the data contract), then `core`
+(settings, database, keys, feedback records) on it, with `engine` beside them; `trainer`
+on those; `gateway` on top, entering the trainer only through `trainer.api`; the command
+line (`gateway.cli`) above everything.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("core", "gateway", "trainer", "engine", "schemas")
+# The command line sits on top of every layer.
+COMMANDS = {"gateway.cli"}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        base = ROOT / package
+        if not base.is_dir():
+            continue
+        for path in sorted(base.rglob("*.py")):
+            found[_module_name(path)] = path
+    return found
+
+
+def _imported_names(module: str, path: Path) -> set[str]:
+    """Every dotted name this module imports (a `from a import b` gives `a` and `a.b`)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    is_package = path.name == "__init__.py"
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                if not is_package:
+                    base = base[:-1]
+                drop = node.level - 1
+                if drop:
+                    base = base[:-drop]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            names.add(prefix)
+            names.update(f"{prefix}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The longest known module that `name` is, or lies inside."""
+    parts = name.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in modules:
+            return candidate
+        parts.pop()
+    return None
+
+
+def _graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """(edges between project modules, raw imported names per module)."""
+    modules = _modules()
+    edges: dict[str, set[str]] = {}
+    raw: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        names = _imported_names(module, path)
+        raw[module] = names
+        targets = {_resolve(name, modules) for name in names}
+        edges[module] = {t for t in targets if t is not None and t != module}
+    return edges, raw
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    components: list[list[str]] = []
+    counter = 0
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(sorted(component))
+    return components
+
+
+def _top(name: str) -> str:
+    return name.split(".", 1)[0]
+
+
+def _violations(raw: dict[str, set[str]], layer: str, forbidden: set[str]) -> list[str]:
+    return sorted(
+        f"{module} imports {name}"
+        for module, names in raw.items()
+        if _top(module) == layer
+        for name in names
+        if _top(name) in forbidden
+    )
+
+
+def test_module_graph_is_acyclic() -> None:
+    edges, _ = _graph()
+    cycles = _cycles(edges)
+    assert not cycles, "import cycles:\n" + "\n".join(
+        f"  {len(c)} modules: {' <-> '.join(c)}" for c in cycles
+    )
+
+
+def test_trainer_never_imports_gateway() -> None:
+    _, raw = _graph()
+    bad = _violations(raw, "trainer", {"gateway"})
+    assert not bad, "\n".join(bad)
+
+
+def test_engine_never_imports_gateway_or_trainer() -> None:
+    _, raw = _graph()
+    bad = _violations(raw, "engine", {"gateway", "trainer"})
+    assert not bad, "\n".join(bad)
+
+
+def test_core_imports_no_upper_layer() -> None:
+    _, raw = _graph()
+    bad = _violations(raw, "core", {"gateway", "trainer", "engine"})
+    assert not bad, "\n".join(bad)
+
+
+def test_schemas_imports_no_upper_layer() -> None:
+    """The data contract is the very bottom: core uses its tables, never the reverse."""
+    _, raw = _graph()
+    bad = _violations(raw, "schemas", {"core", "gateway", "trainer", "engine"})
+    assert not bad, "\n".join(bad)
+
+
+def test_gateway_enters_trainer_only_through_api() -> None:
+    """Apart from the command line on top (gateway.cli registers the trainer's commands),
+    the gateway reaches the trainer through trainer.api only."""
+    _, raw = _graph()
+    door = {"trainer", "trainer.api"}
+    bad = sorted(
+        f"{module} imports {name}"
+        for module, names in raw.items()
+        if _top(module) == "gateway" and module not in COMMANDS
+        for name in names
+        if _top(name) == "trainer" and name not in door and not name.startswith("trainer.api.")
+    )
+    assert not bad, "\n".join(bad)
+
+
+def test_core_package_exists() -> None:
+    modules = _modules()
+    assert {"core.settings", "core.db", "core.keys"} <= set(modules)

@@ -1,0 +1,35 @@
+"""The Celery application object, bare: the task modules (trainer/tasks.py, the retention
+job) register on :data:`app`; trainer/celery_app.py imports them all onto it.
+
+Broker from settings: Redis or RabbitMQ in production; the embedded default is kombu's
+SQLAlchemy transport on a SQLite file under the data dir (no broker server). The same
+task code runs on every broker.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from core.settings import Settings, get_settings
+
+
+def make_celery(settings: Settings | None = None) -> Celery:
+    settings = settings or get_settings()
+    broker = settings.effective_broker_url
+    if broker.startswith("sqla+sqlite:///"):
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    app = Celery("rlgate", broker=broker)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        task_acks_late=True,  # a task whose worker dies is delivered again
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        timezone="UTC",
+    )
+    return app
+
+
+app = make_celery()

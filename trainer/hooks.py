@@ -1,0 +1,209 @@
+"""The trainer's side of a rating and of a closed session.
+
+- :func:`after_feedback`: after a new feedback record (a client's, or a verifier's):
+  credit assignment for its session (``interactions.reward`` stays current) and, on a
+  session rating when the project has ``settings["close_session_on_rating"]``, closing
+  the session.
+- :func:`on_session_closed`: after a session was closed or expired: credit assignment
+  again (the ``wait`` policy settles now) and, when a verifier is configured, the verifier
+  task ``rlgate.verifiers.verify_session`` (:func:`enqueue_verification`).
+- :func:`run_verifiers`: that task's body (trainer/tasks.py). It scores the final turn
+  (trainer/verifiers.py): one answer -> one session-level feedback; an n>1 final turn ->
+  one interaction feedback per member. Feedback has ``source="verifier"``,
+  ``rater=<verifier name>`` and an idempotency key, so a redelivered task does not rate
+  twice.
+
+The gateway reaches these through trainer/api.py only. Feedback rows are written by
+core/feedback.py for every source.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from core.feedback import (
+    FeedbackInput,
+    Scope,
+    close_session,
+    feedback_json,
+    project_settings,
+    store_feedback,
+)
+from schemas.atdp import Interaction
+from schemas.atdp import Session as SessionRecord
+from schemas.convert import to_record
+from schemas.tables import FeedbackRow, InteractionRow, ProjectRow, SessionRow
+from trainer.credit import assign_rewards_tx
+from trainer.verifiers import VerifierContext, configured_verifiers, get_verifier
+
+log = logging.getLogger("rlgate.verifiers")
+feedback_log = logging.getLogger("rlgate.feedback")
+
+VERIFY_TASK = "rlgate.verifiers.verify_session"
+
+
+# ---- after a rating -------------------------------------------------------------------------
+
+
+def after_feedback(factory: sessionmaker[Session], row: FeedbackRow) -> None:
+    """Bring ``interactions.reward`` of the rated session up to date; close it on a session
+    rating when the project has ``settings["close_session_on_rating"]``."""
+    if row.session_id is None:
+        return
+    closed = False
+    if row.target_type == "session":
+        with factory() as db, db.begin():
+            if project_settings(db, row.project_id).get("close_session_on_rating"):
+                closed = close_session(db, row.session_id)
+    try:
+        assign_rewards_tx(factory, row.project_id, row.session_id)
+    except Exception:  # the rating is stored; the trainer's sweep assigns it later
+        feedback_log.exception("credit assignment for session %s failed", row.session_id)
+    if closed:
+        on_session_closed(factory, row.session_id)  # never raises
+
+
+# ---- after a session closed -----------------------------------------------------------------
+
+
+@lru_cache(maxsize=4)
+def _publisher_for(broker_url: str) -> Any:
+    from trainer.celery_base import make_celery
+
+    return make_celery()
+
+
+def _publisher() -> Any:
+    """The Celery app to send with: the worker app, unless the settings changed since it
+    was made (tests, embedding processes)."""
+    from core.settings import get_settings
+    from trainer.celery_base import app
+
+    url = get_settings().effective_broker_url
+    if app.conf.broker_url == url:
+        return app
+    return _publisher_for(url)
+
+
+def enqueue_verification(session_id: str) -> None:
+    _publisher().send_task(
+        VERIFY_TASK,
+        args=[session_id],
+        retry=True,
+        retry_policy={"max_retries": 3, "interval_start": 0, "interval_step": 0.5},
+    )
+
+
+def on_session_closed(factory: sessionmaker[Session], session_id: str) -> bool:
+    """Call after a session was closed or expired (after the commit). Re-runs credit
+    assignment (the ``wait`` policy settles now) and enqueues the verifier task when a
+    verifier is configured; returns whether it enqueued. Never raises."""
+    try:
+        with factory() as db:
+            srow = db.get(SessionRow, session_id)
+            if srow is None:
+                return False
+            project_id, meta = srow.project_id, dict(srow.meta or {})
+            project = db.get(ProjectRow, project_id)
+            settings = dict(project.settings or {}) if project is not None else {}
+        assign_rewards_tx(factory, project_id, session_id)
+        if not configured_verifiers(settings, meta):
+            return False
+        enqueue_verification(session_id)
+        return True
+    except Exception:
+        log.exception("session-closed hook failed for %s", session_id)
+        return False
+
+
+# ---- the verifier task ----------------------------------------------------------------------
+
+
+def _final_turn(interactions: list[Interaction]) -> list[Interaction]:
+    live = [i for i in interactions if i.finish_reason != "abort"]
+    if not live:
+        return []
+    last = max(live, key=lambda i: i.seq)
+    if last.group_id is None:
+        return [last]
+    return sorted((i for i in live if i.group_id == last.group_id), key=lambda i: i.choice_index)
+
+
+def run_verifiers(factory: sessionmaker[Session], session_id: str) -> list[dict[str, Any]]:
+    """Run the session's verifiers and store their feedback; returns the feedback JSON."""
+    with factory() as db:
+        srow = db.get(SessionRow, session_id)
+        if srow is None:
+            return []
+        session = to_record(srow)
+        project = db.get(ProjectRow, srow.project_id)
+        settings = dict(project.settings or {}) if project is not None else {}
+        interactions = [
+            to_record(r)
+            for r in db.scalars(
+                select(InteractionRow)
+                .where(InteractionRow.session_id == session_id)
+                .order_by(InteractionRow.seq)
+            ).all()
+        ]
+    assert isinstance(session, SessionRecord)
+    final = _final_turn(interactions)  # type: ignore[arg-type]
+    if not final:
+        return []
+    stored = []
+    for spec in configured_verifiers(settings, session.metadata or {}):
+        name = spec["name"]
+        fn = get_verifier(name)
+        if fn is None:
+            log.warning("unknown verifier %r for session %s", name, session_id)
+            continue
+        ctx = VerifierContext(session, interactions, spec)  # type: ignore[arg-type]
+        for answer in final:
+            try:
+                score = fn(ctx, answer)
+            except Exception:
+                log.exception("verifier %s failed on %s", name, answer.id)
+                continue
+            if score is None:
+                continue
+            score = max(-1.0, min(1.0, float(score)))
+            whole = len(final) == 1
+            target = "session" if whole else "interaction"
+            ref = session_id if whole else answer.id
+            inp = FeedbackInput(
+                target=target,
+                ref=ref,
+                value=score,
+                scale="scalar",
+                scale_min=-1.0,
+                scale_max=1.0,
+                reward=score,
+                source="verifier",
+                rater=name,
+                idempotency_key=f"verifier:{name}:{ref}",
+            )
+            try:
+                row, replayed = store_feedback(
+                    factory, inp, Scope(session.project_id, session_id), wait_s=0
+                )
+                if not replayed:
+                    after_feedback(factory, row)
+                fb = feedback_json(row)
+            except Exception as e:  # e.g. 409: a redelivered task scored differently
+                log.warning("verifier %s feedback on %s not stored: %s", name, ref, e)
+                continue
+            stored.append(fb)
+    return stored
+
+
+@lru_cache(maxsize=4)
+def factory_for(url: str) -> sessionmaker[Session]:
+    """One session factory per database URL (the verifier task's, from the settings)."""
+    from core.db import make_engine, session_factory
+
+    return session_factory(make_engine(url))
