@@ -41,6 +41,7 @@ class _PackedArray(TypeDecorator[list[Any]]):
 class TokenIds(_PackedArray):
     """list[int] <-> packed little-endian int32."""
 
+    cache_ok = True  # SQLAlchemy reads it from each class's own namespace, not inherited
     dtype = "<i4"
 
     def process_bind_param(self, value: list[Any] | None, dialect: Dialect) -> bytes | None:
@@ -52,6 +53,7 @@ class TokenIds(_PackedArray):
 class Logprobs(_PackedArray):
     """list[float] <-> packed little-endian float64."""
 
+    cache_ok = True
     dtype = "<f8"
 
 

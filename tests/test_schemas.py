@@ -143,3 +143,28 @@ def test_schema_and_pydantic_reject_the_same_bad_record(name, change):
         jsonschema.validate(raw, _schema(name), cls=jsonschema.Draft202012Validator)
     with pytest.raises(ValidationError):
         RECORD_TYPES[name].model_validate(raw)
+
+
+def test_packed_columns_are_cacheable() -> None:
+    """TokenIds and Logprobs set ``cache_ok`` themselves (SQLAlchemy does not inherit it):
+    without it every query on them warns and skips the statement cache."""
+    import warnings
+
+    from sqlalchemy import Column, MetaData, String, Table, create_engine, select
+
+    from schemas.coltypes import Logprobs, TokenIds
+
+    table = Table(
+        "packed",
+        MetaData(),
+        Column("id", String, primary_key=True),
+        Column("ids", TokenIds()),
+        Column("lps", Logprobs()),
+    )
+    engine = create_engine("sqlite://")
+    table.metadata.create_all(engine)
+    with warnings.catch_warnings(), engine.connect() as conn:
+        warnings.simplefilter("error")
+        conn.execute(table.insert().values(id="a", ids=[1, 2], lps=[-0.5, -1.0]))
+        row = conn.execute(select(table.c.ids, table.c.lps).where(table.c.id == "a")).one()
+    assert list(row) == [[1, 2], [-0.5, -1.0]]
