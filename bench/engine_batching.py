@@ -35,9 +35,22 @@ def _start_engine(
     data_dir: str, slots: int, extra: tuple[str, ...] = ()
 ) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "engine", "--port", str(port), "--data-dir", data_dir,
-           "--max-running-requests", str(slots), "--context-length", "1024",
-           "--log-level", "warning", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "engine",
+        "--port",
+        str(port),
+        "--data-dir",
+        data_dir,
+        "--max-running-requests",
+        str(slots),
+        "--context-length",
+        "1024",
+        "--log-level",
+        "warning",
+        *extra,
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -61,12 +74,15 @@ def _prompts(n: int) -> list[list[int]]:
 
 
 def _body(ids: list[int], max_new_tokens: int) -> dict[str, Any]:
-    return {"input_ids": ids, "sampling_params": {
-        "temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
+    return {
+        "input_ids": ids,
+        "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
+    }
 
 
-def _run(client: httpx.Client, prompts: list[list[int]], max_new_tokens: int,
-         concurrent: bool) -> tuple[float, list[list[int]]]:
+def _run(
+    client: httpx.Client, prompts: list[list[int]], max_new_tokens: int, concurrent: bool
+) -> tuple[float, list[list[int]]]:
     def one(ids: list[int]) -> list[int]:
         r = client.post("/generate", json=_body(ids, max_new_tokens))
         r.raise_for_status()
@@ -86,8 +102,11 @@ def main() -> None:
     parser.add_argument("--url", help="use a running engine instead of starting one")
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--data-dir", default=os.environ.get("RLGATE_DATA_DIR", "./rlgate-data"),
-                        help="model cache of the started engine")
+    parser.add_argument(
+        "--data-dir",
+        default=os.environ.get("RLGATE_DATA_DIR", "./rlgate-data"),
+        help="model cache of the started engine",
+    )
     args = parser.parse_args()
 
     proc = None

@@ -35,8 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.servers import MODEL_CACHE, free_port  # noqa: E402
 
-BODY = {"model": "stub", "messages": [{"role": "user", "content": "Say hello."}],
-        "max_tokens": 16}
+BODY = {"model": "stub", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16}
 
 
 def wait_up(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -99,8 +98,9 @@ def main() -> None:
 
     def spawn(cmd: list[str], log: str, extra: dict[str, str] | None = None) -> subprocess.Popen:
         out = open(tmp / log, "wb")  # noqa: SIM115 - lives as long as the process
-        p = subprocess.Popen(cmd, env={**env, **(extra or {})}, cwd=tmp, stdout=out,
-                             stderr=subprocess.STDOUT)
+        p = subprocess.Popen(
+            cmd, env={**env, **(extra or {})}, cwd=tmp, stdout=out, stderr=subprocess.STDOUT
+        )
         procs.append(p)
         return p
 
@@ -109,8 +109,10 @@ def main() -> None:
 
         model_dir = resolve_model_dir(PACKAGED_MODEL, MODEL_CACHE)
         stub_port = free_port()
-        stub = spawn([sys.executable, str(REPO / "bench" / "stub_upstream.py"), "--port",
-                      str(stub_port)], "stub.log")
+        stub = spawn(
+            [sys.executable, str(REPO / "bench" / "stub_upstream.py"), "--port", str(stub_port)],
+            "stub.log",
+        )
         stub_url = f"http://127.0.0.1:{stub_port}"
         wait_up(stub_url + "/health", stub)
 
@@ -120,19 +122,44 @@ def main() -> None:
         def start_rlgate(sub: str, fsync: bool) -> tuple[subprocess.Popen, str, str, Path]:
             (tmp / sub).mkdir()
             db = tmp / sub / "rlgate.db"
-            gw_env = {"RLGATE_DATA_DIR": str(tmp / sub), "RLGATE_DATABASE_URL": f"sqlite:///{db}",
-                      "RLGATE_ENGINE_URLS": stub_url, "RLGATE_TOKENIZER_PATH": str(model_dir),
-                      "RLGATE_LOG_LEVEL": "warning", "RLGATE_MAX_IN_FLIGHT_PER_ENGINE": "256",
-                      "RLGATE_SPOOL_FSYNC": str(fsync).lower()}
-            subprocess.run([sys.executable, "-m", "gateway.cli", "migrate"],
-                           env={**env, **gw_env}, check=True, capture_output=True)
-            key = subprocess.run([sys.executable, "-m", "gateway.cli", "keys", "create",
-                                  "--project", "bench", "--kind", "agent"],
-                                 env={**env, **gw_env}, check=True, capture_output=True,
-                                 text=True).stdout.strip()
+            gw_env = {
+                "RLGATE_DATA_DIR": str(tmp / sub),
+                "RLGATE_DATABASE_URL": f"sqlite:///{db}",
+                "RLGATE_ENGINE_URLS": stub_url,
+                "RLGATE_TOKENIZER_PATH": str(model_dir),
+                "RLGATE_LOG_LEVEL": "warning",
+                "RLGATE_MAX_IN_FLIGHT_PER_ENGINE": "256",
+                "RLGATE_SPOOL_FSYNC": str(fsync).lower(),
+            }
+            subprocess.run(
+                [sys.executable, "-m", "gateway.cli", "migrate"],
+                env={**env, **gw_env},
+                check=True,
+                capture_output=True,
+            )
+            key = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "gateway.cli",
+                    "keys",
+                    "create",
+                    "--project",
+                    "bench",
+                    "--kind",
+                    "agent",
+                ],
+                env={**env, **gw_env},
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
             port = free_port()
-            proc = spawn([sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port)],
-                         f"gateway-{sub}.log", gw_env)
+            proc = spawn(
+                [sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port)],
+                f"gateway-{sub}.log",
+                gw_env,
+            )
             url = f"http://127.0.0.1:{port}"
             wait_up(url + "/health", proc)
             return proc, url, key, db
@@ -141,15 +168,30 @@ def main() -> None:
         _, fs_url, fs_key, db_fsync = start_rlgate("fsync", fsync=True)
 
         if os.environ.get("RLGATE_BENCH_PROFILE"):
-            subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "-o",
-                              os.environ["RLGATE_BENCH_PROFILE"], "--format", "speedscope",
-                              "-d", "25", "-p", str(gw.pid), "--idle"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.Popen(
+                [
+                    str(Path(sys.executable).parent / "py-spy"),
+                    "record",
+                    "-o",
+                    os.environ["RLGATE_BENCH_PROFILE"],
+                    "--format",
+                    "speedscope",
+                    "-d",
+                    "25",
+                    "-p",
+                    str(gw.pid),
+                    "--idle",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         paths = {
             "direct": (stub_url + "/v1/chat/completions", {}),
             "rlgate": (gw_url + "/v1/chat/completions", {"Authorization": f"Bearer {key}"}),
-            "rlgate+fsync": (fs_url + "/v1/chat/completions",
-                             {"Authorization": f"Bearer {fs_key}"}),
+            "rlgate+fsync": (
+                fs_url + "/v1/chat/completions",
+                {"Authorization": f"Bearer {fs_key}"},
+            ),
         }
         if args.litellm:
             cfg = tmp / "litellm.yaml"
@@ -158,11 +200,14 @@ def main() -> None:
                 f"      model: openai/stub\n      api_base: {stub_url}/v1\n"
                 "      api_key: sk-stub\n"
                 # both proxies authenticate every request
-                "general_settings:\n  master_key: sk-bench-master-key-0123456789abcdef\n")
+                "general_settings:\n  master_key: sk-bench-master-key-0123456789abcdef\n"
+            )
             ll_port = free_port()
-            ll = spawn([args.litellm, "--config", str(cfg), "--port", str(ll_port),
-                        "--num_workers", "1"], "litellm.log",
-                       {"LITELLM_LOCAL_MODEL_COST_MAP": "True"})  # no network fetch
+            ll = spawn(
+                [args.litellm, "--config", str(cfg), "--port", str(ll_port), "--num_workers", "1"],
+                "litellm.log",
+                {"LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+            )  # no network fetch
             wait_up(f"http://127.0.0.1:{ll_port}/health/liveliness", ll, 180)
             paths["litellm"] = (
                 f"http://127.0.0.1:{ll_port}/v1/chat/completions",
@@ -175,9 +220,11 @@ def main() -> None:
         for name, (url, headers) in paths.items():
             lat[name] = sequential(url, headers, args.requests)
             rps[name] = asyncio.run(throughput(url, headers, args.load, args.concurrency))
-            print(f"{name:12s} p50 {1000 * statistics.median(lat[name]):7.2f} ms   "
-                  f"p99 {1000 * pct(lat[name], 0.99):7.2f} ms   {rps[name]:8.1f} req/s",
-                  flush=True)
+            print(
+                f"{name:12s} p50 {1000 * statistics.median(lat[name]):7.2f} ms   "
+                f"p99 {1000 * pct(lat[name], 0.99):7.2f} ms   {rps[name]:8.1f} req/s",
+                flush=True,
+            )
 
         base50 = statistics.median(lat["direct"])
         base99 = pct(lat["direct"], 0.99)
@@ -185,16 +232,22 @@ def main() -> None:
         for name in paths:
             if name == "direct":
                 continue
-            print(f"  {name:12s} +{1000 * (statistics.median(lat[name]) - base50):6.2f} ms / "
-                  f"+{1000 * (pct(lat[name], 0.99) - base99):6.2f} ms")
+            print(
+                f"  {name:12s} +{1000 * (statistics.median(lat[name]) - base50):6.2f} ms / "
+                f"+{1000 * (pct(lat[name], 0.99) - base99):6.2f} ms"
+            )
         if "litellm" in paths:
             added_ll = statistics.median(lat["litellm"]) - base50
             for name in ("rlgate", "rlgate+fsync"):
                 added = statistics.median(lat[name]) - base50
-                print(f"\n{name} added p50 / LiteLLM added p50: {added / added_ll:.2f}"
-                      "   (target <= 0.33)")
-                print(f"{name} req/s / LiteLLM req/s:         {rps[name] / rps['litellm']:.2f}"
-                      "   (target >= 3)")
+                print(
+                    f"\n{name} added p50 / LiteLLM added p50: {added / added_ll:.2f}"
+                    "   (target <= 0.33)"
+                )
+                print(
+                    f"{name} req/s / LiteLLM req/s:         {rps[name] / rps['litellm']:.2f}"
+                    "   (target >= 3)"
+                )
         # everything rlgate acknowledged was recorded
         time.sleep(1.0)
         import sqlite3

@@ -39,37 +39,54 @@ def test_request_meets_an_unloaded_adapter_and_retries_on_the_new_one(
     names = ["swap-policy-v1", "swap-policy-v2"]
     for name in names:
         _adapter(model_dir, tmp_path / name)
-    r = httpx.post(engine.url + "/load_lora_adapter", timeout=60,
-                   json={"lora_name": names[0], "lora_path": str(tmp_path / names[0])})
+    r = httpx.post(
+        engine.url + "/load_lora_adapter",
+        timeout=60,
+        json={"lora_name": names[0], "lora_path": str(tmp_path / names[0])},
+    )
     assert r.status_code == 200, r.text
     with transaction(factory) as db:
         ensure_project(db, PROJECT)
         _, key = create_key(db, PROJECT, "agent")
         for i, name in enumerate(names):
-            db.add(PolicyVersionRow(
-                id=f"pv-{name}", project_id=PROJECT, name=name, version=i + 1,
-                base_model="smollm2", path=str(tmp_path / name), lora_config={},
-                status="serving" if i == 0 else "candidate", created_at=utcnow(),
-            ))
+            db.add(
+                PolicyVersionRow(
+                    id=f"pv-{name}",
+                    project_id=PROJECT,
+                    name=name,
+                    version=i + 1,
+                    base_model="smollm2",
+                    path=str(tmp_path / name),
+                    lora_config={},
+                    status="serving" if i == 0 else "candidate",
+                    created_at=utcnow(),
+                )
+            )
     # a long serving cache: the gateway surely still holds v1 when it is gone
     with gateway(tmp_path / "gw", sqlite_url, engine.url, serving_cache_s="300") as gw:
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0)
         raw = client.chat.completions.with_raw_response.create(
-            model="rlgate-policy", messages=MSG, max_tokens=3, temperature=0)
+            model="rlgate-policy", messages=MSG, max_tokens=3, temperature=0
+        )
         assert raw.headers["x-rlgate-policy-version"] == names[0]
         # the trainer's publish: load v2, make it serving, unload v1
-        r = httpx.post(engine.url + "/load_lora_adapter", timeout=60,
-                       json={"lora_name": names[1], "lora_path": str(tmp_path / names[1])})
+        r = httpx.post(
+            engine.url + "/load_lora_adapter",
+            timeout=60,
+            json={"lora_name": names[1], "lora_path": str(tmp_path / names[1])},
+        )
         assert r.status_code == 200, r.text
         with transaction(factory) as db:
             db.get(PolicyVersionRow, f"pv-{names[0]}").status = "retired"
             db.get(PolicyVersionRow, f"pv-{names[1]}").status = "serving"
-        r = httpx.post(engine.url + "/unload_lora_adapter", timeout=60,
-                       json={"lora_name": names[0]})
+        r = httpx.post(
+            engine.url + "/unload_lora_adapter", timeout=60, json={"lora_name": names[0]}
+        )
         assert r.status_code == 200, r.text
         for stream in (False, True):
             raw = client.chat.completions.with_raw_response.create(
-                model="rlgate-policy", messages=MSG, max_tokens=3, temperature=0, stream=stream)
+                model="rlgate-policy", messages=MSG, max_tokens=3, temperature=0, stream=stream
+            )
             assert raw.status_code == 200
             assert raw.headers["x-rlgate-policy-version"] == names[1]
             if stream:
