@@ -191,7 +191,7 @@ def keys_revoke(key_id: str) -> None:
     default=None,
     help="Where curve.json and curve.png go (default <data dir>/demo/out).",
 )
-@click.option("--eval-size", type=int, default=50, show_default=True, help="Held-out questions.")
+@click.option("--eval-size", type=int, default=100, show_default=True, help="Held-out questions.")
 @click.option(
     "--eval-every",
     type=float,

@@ -53,7 +53,7 @@ def messages(a: int, b: int) -> list[dict]:
 PROJECT = "demo"
 SAMPLING_TEMPERATURE = 0.7
 MAX_TOKENS = 8
-GATE_SIZE = 8  # validation questions of the eval gate (2 x 8 greedy requests per publish)
+GATE_SIZE = 32  # validation questions of the eval gate (2 x 32 greedy requests per publish)
 # The demo project's tempo (Project.settings["training"]); everything else is the default
 # of trainer/config.py. A run as soon as 8 groups of 8 that carry signal wait (the default
 # threshold of 64 samples; zero-variance groups do not count), and each version is first
@@ -116,7 +116,7 @@ def eval_gate(model_dir: Path, validation: Pairs) -> dict:
         "verifier": "exact_number",
         "prompts": prompts,
         "max_new_tokens": MAX_TOKENS,
-        "margin": 0.25,  # 1 question in 8 on the [-1, 1] scale: greedy noise
+        "margin": 0.125,  # 2 questions in 32 on the [-1, 1] scale: greedy noise
     }
 
 

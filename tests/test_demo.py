@@ -108,7 +108,7 @@ def test_demo_splits_are_disjoint_and_seeded():
     from gateway.demo import split_pairs
 
     train, held_out, validation = split_pairs(50, seed=1)
-    assert len(held_out) == 50 and len(validation) == 8 and len(train) == 399 - 58
+    assert len(held_out) == 50 and len(validation) == 32 and len(train) == 399 - 82
     assert not set(train) & set(held_out) and not set(train) & set(validation)
     assert not set(held_out) & set(validation)
     assert split_pairs(50, seed=1) == (train, held_out, validation)

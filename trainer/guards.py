@@ -10,7 +10,10 @@ independent observations. Guards, in order:
   best of the ``guard_window`` versions before it (p < ``guard_alpha``), and by at least
   ``guard_reward_margin``. Both sides need ``guard_min_samples`` units.
 - ``zero_variance`` / ``diversity`` / ``entropy`` (collapse signs): the share of groups
-  whose answers all got one reward is above ``guard_max_zero_variance``, the mean share of
+  whose answers all got one reward is above ``guard_max_zero_variance`` and, for right/wrong
+  (two-valued) rewards, above what independent answers at the version's own success rate p
+  would give (mean of p^n + (1-p)^n over its groups) by ``ZERO_VARIANCE_EXCESS`` -- at
+  p = 0.03 most groups of 8 are all wrong without any collapse --, the mean share of
   distinct answers per group (distinct / n) is below ``guard_min_diversity``, or the mean
   negative logprob of sampled tokens (T > 0; an estimate of the token entropy) is below
   ``guard_min_entropy`` -- each only while the version's mean reward is below the best
@@ -40,6 +43,7 @@ from trainer.config import TrainConfig
 log = logging.getLogger("rlgate.trainer")
 MAX_ROWS = 2000  # newest rated interactions looked at per version
 ZERO = 1e-6
+ZERO_VARIANCE_EXCESS = 0.2  # zero-variance share above the independent-answers expectation
 
 
 @dataclass
@@ -50,6 +54,7 @@ class VersionStats:
     samples: int = 0
     groups: int = 0
     zero_variance_groups: int = 0
+    expected_zero_variance: float | None = None  # if answers were independent (two-valued)
     diversity: float | None = None  # mean distinct answers / n over groups
     entropy: float | None = None  # mean -logprob per sampled token (T > 0)
 
@@ -113,6 +118,7 @@ def version_stats(db: Session, project_id: str, name: str, version: int) -> Vers
             neg_lp -= sum(float(x) for x in lps)
             tokens += len(lps)
     diversities = []
+    sized: list[list[float]] = []
     for members in groups.values():
         rewards = [r for r, _ in members]
         out.units.append(statistics.fmean(rewards))
@@ -121,9 +127,26 @@ def version_stats(db: Session, project_id: str, name: str, version: int) -> Vers
         out.groups += 1
         out.zero_variance_groups += max(rewards) - min(rewards) < ZERO
         diversities.append(len({a for _, a in members}) / len(members))
+        sized.append(rewards)
     out.diversity = statistics.fmean(diversities) if diversities else None
+    out.expected_zero_variance = expected_zero_variance(sized)
     out.entropy = neg_lp / tokens if tokens else None
     return out
+
+
+def expected_zero_variance(groups: list[list[float]]) -> float | None:
+    """The share of groups whose answers would all get one reward if each answer were
+    right independently with the version's own rate p: mean of p^n + (1-p)^n. Only for
+    two-valued (right/wrong) rewards; None otherwise (or without groups)."""
+    values = sorted({round(r, 6) for g in groups for r in g})
+    if not groups or len(values) > 2:
+        return None
+    if len(values) == 1:
+        return 1.0
+    hi = values[1]
+    flat = [r for g in groups for r in g]
+    p = sum(abs(r - hi) < ZERO for r in flat) / len(flat)
+    return statistics.fmean(p ** len(g) + (1 - p) ** len(g) for g in groups)
 
 
 def welch_p(better: list[float], worse: list[float]) -> float:
@@ -227,8 +250,12 @@ def check(db: Session, project_id: str, cfg: TrainConfig) -> Trip | None:
     p = welch_p(best.units, cur.units)
     if p < cfg.guard_alpha:
         return Trip("reward", cur, best, p)
-    share = cur.zero_variance_share
-    if share is not None and share > cfg.guard_max_zero_variance:
+    share, expected = cur.zero_variance_share, cur.expected_zero_variance
+    if (
+        share is not None
+        and share > cfg.guard_max_zero_variance
+        and (expected is None or share > expected + ZERO_VARIANCE_EXCESS)
+    ):
         return Trip("zero_variance", cur, best, p)
     if cur.diversity is not None and cur.diversity < cfg.guard_min_diversity:
         return Trip("diversity", cur, best, p)
@@ -253,7 +280,8 @@ def enforce(factory: sessionmaker[Session], settings: Any, project_id: str) -> d
     s, b = trip.serving, trip.best
     log.warning(
         "GUARD %s tripped for project %s: %s has mean reward %.3f over %d requests "
-        "(zero-variance share %s, diversity %s, entropy %s) vs %s %.3f over %d (p=%.3g); "
+        "(zero-variance share %s, expected %s, diversity %s, entropy %s) vs %s %.3f over %d "
+        "(p=%.3g); "
         "rolling back to %s, training continues from its weights",
         trip.guard,
         project_id,
@@ -261,6 +289,7 @@ def enforce(factory: sessionmaker[Session], settings: Any, project_id: str) -> d
         s.mean,
         len(s.units),
         _fmt(s.zero_variance_share),
+        _fmt(s.expected_zero_variance),
         _fmt(s.diversity),
         _fmt(s.entropy),
         b.name,

@@ -166,6 +166,45 @@ def test_collapse_signs_trip_only_below_the_best_reward(migrated_db) -> None:
         assert guards.check(db, pid2, cfg) is None
 
 
+def test_zero_variance_is_judged_against_the_versions_own_success_rate(migrated_db) -> None:
+    """Early on most groups of 8 are all wrong because the answers are rarely right, not
+    because they are alike: at p = 1/32 independent answers give p^8 + (1-p)^8 = 0.78 of
+    groups one reward. A share of 0.875 is within 0.2 of that (no trip); the same share at
+    p = 3/16 (expected 0.19) is a collapse."""
+    factory = migrated_db
+    pid = make_project(factory, {})
+    v1 = _version(factory, pid, 1, "retired")
+    v2 = _version(factory, pid, 2, "serving")
+    for _ in range(8):
+        _group(factory, pid, v1, [1.0, 0.0] * 4)  # best: mean 0.5
+    for _ in range(7):  # 7 groups all wrong, one with 2 right: p = 2/64
+        _group(factory, pid, v2, [0.0] * 8)
+    _group(factory, pid, v2, [1.0] * 2 + [0.0] * 6)
+    cfg = TrainConfig(guard_min_samples=4, guard_alpha=1e-12, guard_min_entropy=0.0)
+    with factory() as db:
+        stats = guards.version_stats(db, pid, v2, 2)
+        assert stats.zero_variance_share == pytest.approx(7 / 8)
+        p = 2 / 64
+        assert stats.expected_zero_variance == pytest.approx(p**8 + (1 - p) ** 8)
+        assert guards.check(db, pid, cfg) is None
+
+    pid2 = make_project(factory, {})
+    w1 = _version(factory, pid2, 1, "retired")
+    w2 = _version(factory, pid2, 2, "serving")
+    for _ in range(8):
+        _group(factory, pid2, w1, [1.0, 0.0] * 4)
+    for _ in range(6):
+        _group(factory, pid2, w2, [0.0] * 8)
+    _group(factory, pid2, w2, [1.0] * 8)
+    _group(factory, pid2, w2, [1.0] * 4 + [0.0] * 4)  # p = 12/64: expected 0.19
+    with factory() as db:
+        stats = guards.version_stats(db, pid2, w2, 2)
+        assert stats.expected_zero_variance is not None and stats.expected_zero_variance < 0.3
+        trip = guards.check(db, pid2, cfg)
+    assert trip is not None and trip.guard == "zero_variance"
+    assert guards.expected_zero_variance([[0.5, 0.2], [0.1, 0.1]]) is None  # not right/wrong
+
+
 def test_zero_variance_groups_do_not_count_toward_the_threshold(migrated_db) -> None:
     factory = migrated_db
     pid = make_project(factory, {})
