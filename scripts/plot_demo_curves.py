@@ -2,8 +2,8 @@
 
     python scripts/plot_demo_curves.py seed1/curve.json seed2/curve.json ... -o demo.png
 
-Each curve is labelled with its file's parent folder (or --label, once per file) and the
-summary prints, per run, the base, best and last accuracy and where 50% was first reached.
+Each curve is labelled "seed S" from its curve.json (else its parent folder; or --label,
+once per file); the summary prints, per run, the base, best and last accuracy and where 50% was first reached.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def main() -> None:
     for i, path in enumerate(args.curves):
         run = json.loads(path.read_text())
         points = run["points"]
-        label = args.label[i] if args.label else path.parent.name
+        default = f"seed {run['seed']}" if run.get("seed") is not None else path.parent.name
+        label = args.label[i] if args.label else default
         xs = [p["minutes"] for p in points]
         ys = [100 * p["heldout_accuracy"] for p in points]
         ax.plot(xs, ys, marker="o", markersize=3, label=label)
