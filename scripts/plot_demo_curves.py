@@ -3,7 +3,8 @@
     python scripts/plot_demo_curves.py seed1/curve.json seed2/curve.json ... -o demo.png
 
 Each curve is labelled "seed S" from its curve.json (else its parent folder; or --label,
-once per file); the summary prints, per run, the base, best and last accuracy and where 50% was first reached.
+once per file); the summary prints, per run, the base, best and last accuracy and where
+50% was first reached.
 """
 
 from __future__ import annotations
