@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("core", "gateway", "trainer", "engine", "schemas")
 # The command line sits on top of every layer.
-COMMANDS = {"gateway.cli"}
+COMMANDS = {"rlgate.cli"}
 
 
 def _module_name(path: Path) -> str:

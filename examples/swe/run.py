@@ -387,7 +387,7 @@ def train(args: argparse.Namespace, gw: Gateway) -> dict[str, Any] | None:
     if args.train == "none":
         return None
     if args.train == "cli":
-        cmd = [sys.executable, "-m", "gateway.cli", "train", "--once", "-p", args.project]
+        cmd = [sys.executable, "-m", "rlgate.cli", "train", "--once", "-p", args.project]
         log("training: " + " ".join(cmd[1:]))
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -418,7 +418,7 @@ def export(args: argparse.Namespace, since: str) -> tuple[Path, int]:
     """``rlgate export``: this run's rated interactions (ATDP v1 JSONL)."""
     out: Path = args.export
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "gateway.cli", "export", "--format", "jsonl"]
+    cmd = [sys.executable, "-m", "rlgate.cli", "export", "--format", "jsonl"]
     cmd += ["--project", args.project, "--rated-only", "--since", since, "-o", str(out)]
     log("export: rlgate " + " ".join(cmd[3:]))
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT)

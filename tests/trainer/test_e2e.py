@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from sqlalchemy import select
 
 from core.db import make_engine, session_factory
+from core.migrate import upgrade
 from core.settings import Settings, get_settings
-from gateway.migrate import upgrade
 from schemas.tables import AuditEventRow, InteractionRow, PolicyVersionRow, TrainingRunRow
 from tests.servers import REPO, engine_cmd, free_port, running
 from tests.trainer.helpers import MODEL_DIR, greedy, make_project, record, set_training

@@ -380,11 +380,11 @@ def run_demo(
 ) -> None:
     import platform
 
+    from core import migrate as mig
     from core.db import make_engine, session_factory, transaction
     from core.keys import create_key, ensure_project
     from engine.model_files import resolve_model_dir
-    from gateway import migrate as mig
-    from gateway.up import launch
+    from rlgate.up import launch
 
     mig.upgrade(settings.effective_database_url)
     factory = session_factory(make_engine(settings.effective_database_url))

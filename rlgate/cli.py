@@ -91,7 +91,7 @@ def config(as_json: bool) -> None:
 @clean_errors
 def migrate(revision: str, down_to: str | None) -> None:
     """Create or upgrade the database schema (Alembic)."""
-    from gateway import migrate as mig
+    from core import migrate as mig
 
     url = load_settings().effective_database_url
     if down_to:
@@ -109,7 +109,7 @@ def keys() -> None:
 
 def _open_db():  # type: ignore[no-untyped-def]
     from core.db import check_connection, make_engine, session_factory
-    from gateway.migrate import current
+    from core.migrate import current
 
     settings = load_settings()
     engine = make_engine(settings.effective_database_url)
@@ -239,7 +239,7 @@ def demo(
     """
     from pathlib import Path
 
-    from gateway.demo import fresh_state, run_demo
+    from rlgate.demo import fresh_state, run_demo
 
     base = load_settings()
     data_dir = base.data_dir / "demo"
@@ -297,7 +297,7 @@ def export(
     from datetime import UTC
     from pathlib import Path
 
-    from gateway.export import export as run_export
+    from rlgate.export import export as run_export
 
     factory = _open_db()
     since_utc = since.replace(tzinfo=UTC) if since else None
@@ -384,7 +384,7 @@ def gateway(host: str | None, port: int | None) -> None:
 @clean_errors
 def up(port: int | None, engine_port: int | None, no_trainer: bool) -> None:
     """Run the embedded default: SQLite, embedded engine, gateway, trainer. Ctrl-C stops."""
-    from gateway.up import run_up
+    from rlgate.up import run_up
 
     settings = load_settings()
     run_up(

@@ -1,0 +1,1 @@
+"""rlgate's product commands (the top layer)."""
