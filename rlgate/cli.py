@@ -1,50 +1,21 @@
-"""The `rlgate` command line."""
+"""The `rlgate` command line: the group, and the commands that start or set up the product
+(`up`, `gateway`, `demo`, `migrate`, `config`, `version`). It registers the commands of
+`rlgate/cli_keys.py` (`keys`), `rlgate/cli_data.py` (`export`, `retention`),
+`trainer/cli.py` (`worker`, `train`, `adapters`) and `engine/cli.py` (`engine`).
+
+`python -m rlgate.cli gateway` (or `python -m rlgate gateway`) starts the gateway server.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
-from collections.abc import Callable
-from functools import wraps
-from typing import Any
 
 import click
-from sqlalchemy import select
-from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from core.settings import ConfigError, Settings, get_settings
-from gateway import __version__
-
-
-def _fail(message: str) -> None:
-    click.echo(f"rlgate: error: {message}", err=True)
-    sys.exit(2)
-
-
-def clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn configuration and database errors into one line on stderr, exit code 2."""
-
-    @wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except ConfigError as e:
-            _fail(str(e))
-        except (OperationalError, ProgrammingError) as e:
-            reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
-            _fail(f"database error: {reason}")
-
-    return wrapper
-
-
-def load_settings() -> Settings:
-    try:
-        return get_settings()
-    except ConfigError:
-        raise
-    except Exception as e:  # pydantic ValidationError and TOML errors
-        raise ConfigError(f"invalid settings: {' '.join(str(e).split())}") from None
+from core.settings import get_settings
+from rlgate import __version__
+from rlgate.cli_common import clean_errors, load_settings
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -100,85 +71,6 @@ def migrate(revision: str, down_to: str | None) -> None:
     else:
         mig.upgrade(url, revision)
         click.echo(f"database at revision {mig.current(url)}")
-
-
-@main.group()
-def keys() -> None:
-    """Create, list and revoke API keys."""
-
-
-def _open_db():  # type: ignore[no-untyped-def]
-    from core.db import check_connection, make_engine, session_factory
-    from core.migrate import current
-
-    settings = load_settings()
-    engine = make_engine(settings.effective_database_url)
-    check_connection(engine)
-    if current(settings.effective_database_url) is None:
-        raise ConfigError("the database is not migrated yet; run `rlgate migrate` first")
-    return session_factory(engine)
-
-
-@keys.command("create")
-@click.option("--project", required=True, help="Project id (created if new).")
-@click.option(
-    "--kind", type=click.Choice(["admin", "agent", "feedback"]), required=True, help="Key kind."
-)
-@click.option("--name", default=None, help="A label for the key.")
-@clean_errors
-def keys_create(project: str, kind: str, name: str | None) -> None:
-    """Create a key and print its secret once (only a hash is stored)."""
-    from core.db import transaction
-    from core.keys import create_key
-
-    factory = _open_db()
-    with transaction(factory) as db:
-        row, secret = create_key(db, project, kind, name=name)
-    click.echo(f"created {kind} key {row.id} for project {project}", err=True)
-    click.echo("the secret is shown once; store it now:", err=True)
-    click.echo(secret)
-
-
-@keys.command("list")
-@click.option("--project", default=None, help="Only this project.")
-@click.option("--all", "show_all", is_flag=True, help="Include revoked keys.")
-@clean_errors
-def keys_list(project: str | None, show_all: bool) -> None:
-    """List keys (never their secrets)."""
-    from schemas.tables import ApiKeyRow
-
-    factory = _open_db()
-    with factory() as db:
-        query = select(ApiKeyRow).order_by(ApiKeyRow.created_at)
-        if project:
-            query = query.where(ApiKeyRow.project_id == project)
-        if not show_all:
-            query = query.where(ApiKeyRow.revoked_at.is_(None))
-        rows = db.scalars(query).all()
-    click.echo(f"{'ID':<30} {'PROJECT':<16} {'KIND':<9} {'PREFIX':<13} {'CREATED':<20} STATUS")
-    for r in rows:
-        status = f"revoked {r.revoked_at:%Y-%m-%d %H:%M}" if r.revoked_at else "active"
-        click.echo(
-            f"{r.id:<30} {r.project_id:<16} {r.kind:<9} {r.prefix + '…':<13} "
-            f"{r.created_at:%Y-%m-%d %H:%M:%S}  {status}"
-        )
-
-
-@keys.command("revoke")
-@click.argument("key_id")
-@clean_errors
-def keys_revoke(key_id: str) -> None:
-    """Revoke a key by id, and every key it minted (session keys from POST /v1/sessions
-    or /rl/start_session); they stop working within 2 s."""
-    from core.db import transaction
-    from core.keys import revoke_key
-
-    factory = _open_db()
-    with transaction(factory) as db:
-        row = revoke_key(db, key_id)
-    if row is None:
-        _fail(f"no key with id {key_id} (see `rlgate keys list --all`)")
-    click.echo(f"revoked {key_id}")
 
 
 @main.command()
@@ -239,7 +131,8 @@ def demo(
     """
     from pathlib import Path
 
-    from rlgate.demo import fresh_state, run_demo
+    from rlgate.demo import run_demo
+    from rlgate.demo_curve import fresh_state
 
     base = load_settings()
     data_dir = base.data_dir / "demo"
@@ -263,90 +156,6 @@ def demo(
         seed,
         require_swap,
     )
-
-
-@main.command()
-@click.option(
-    "--type",
-    "kind",
-    type=click.Choice(["interaction", "session", "feedback"]),
-    default="interaction",
-    show_default=True,
-    help="Record type to export.",
-)
-@click.option(
-    "--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default="jsonl", show_default=True
-)
-@click.option(
-    "--output",
-    "-o",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="File to write (default: stdout for jsonl).",
-)
-@click.option("--project", default=None, help="Only this project.")
-@click.option(
-    "--since", type=click.DateTime(), default=None, help="Only records from then on (UTC)."
-)
-@click.option("--rated-only", is_flag=True, help="Only rated interactions / sessions.")
-@clean_errors
-def export(
-    kind: str, fmt: str, output: str | None, project: str | None, since: Any, rated_only: bool
-) -> None:
-    """Export ATDP v1 records (one JSON object per line, or Parquet)."""
-    from datetime import UTC
-    from pathlib import Path
-
-    from rlgate.export import export as run_export
-
-    factory = _open_db()
-    since_utc = since.replace(tzinfo=UTC) if since else None
-    n = run_export(
-        factory, kind, fmt, Path(output) if output else None, project, since_utc, rated_only
-    )
-    click.echo(f"exported {n} {kind} records", err=True)
-
-
-@main.command()
-@click.option(
-    "--days",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Purge interactions older than this many days, in every project touched "
-    "(default: each project's retention_days, else RLGATE_RETENTION_DAYS).",
-)
-@click.option("--project", default=None, help="Only this project.")
-@click.option("--dry-run", is_flag=True, help="Only count what would be purged.")
-@clean_errors
-def retention(days: int | None, project: str | None, dry_run: bool) -> None:
-    """Delete the request/response payloads and token data of old interactions.
-
-    Ids, timing, usage and rewards are kept; purged records are never trained on. Each
-    project's run is an AuditEvent (retention.purge). See docs/data-protection.md.
-    """
-    from trainer.retention import RetentionConfigError, purge_payloads
-
-    settings = load_settings()
-    factory = _open_db()
-    try:
-        results = purge_payloads(
-            factory,
-            default_days=settings.retention_days,
-            override_days=days,
-            project=project,
-            dry_run=dry_run,
-            actor="cli",
-        )
-    except RetentionConfigError as e:
-        raise ConfigError(str(e)) from None
-    if not results:
-        _fail("no retention configured: pass --days N or set RLGATE_RETENTION_DAYS")
-    verb = "would purge" if dry_run else "purged"
-    for r in results:
-        click.echo(
-            f"{r.project_id}: {verb} {r.purged} interactions older than {r.days} days "
-            f"(created before {r.cutoff:%Y-%m-%d %H:%M} UTC)"
-        )
 
 
 @main.command()
@@ -395,9 +204,14 @@ def up(port: int | None, engine_port: int | None, no_trainer: bool) -> None:
     )
 
 
-def _register_optional_commands() -> None:
+def _register_commands() -> None:
     from engine.cli import engine_command
+    from rlgate.cli_data import export, retention
+    from rlgate.cli_keys import keys
 
+    main.add_command(keys)
+    main.add_command(export)
+    main.add_command(retention)
     main.add_command(engine_command, "engine")
     from trainer import cli as trainer_cli
 
@@ -409,7 +223,7 @@ def _register_optional_commands() -> None:
         main.add_command(command)
 
 
-_register_optional_commands()
+_register_commands()
 
 if __name__ == "__main__":
     main()

@@ -1,4 +1,4 @@
-"""Click commands of the trainer; ``gateway/cli.py`` registers them on ``rlgate``:
+"""Click commands of the trainer; ``rlgate/cli.py`` registers them on ``rlgate``:
 ``worker_command`` (``rlgate worker``), ``train_command`` (``rlgate train``),
 ``adapters_group`` (``rlgate adapters list|rollback|promote``)."""
 
