@@ -1,4 +1,4 @@
-"""One training run from start to publish, and the other operations on versions.
+"""One training run, from claiming it to committing the version and its first publish.
 
 Run states: ``running`` (claimed, heartbeating) -> ``trained-not-published`` (adapter on
 disk, PolicyVersion ``candidate`` written, interactions consumed, all in one transaction)
@@ -8,7 +8,9 @@ by the next claimer's takeover); an engine that refuses the adapter leaves the r
 ``trained-not-published`` with the error, and ``retry_publish`` (every beat tick) tries
 again. Before a run claims, the guards (trainer/guards.py) judge the serving version; a
 trip rolls back to the best earlier version, and the run then warm-starts from it.
-Publishing lives in trainer/serving.py, triggers in trainer/triggers.py.
+What triggers a run is in trainer/triggers.py; the operations on versions (publish,
+retry_publish, serve_version, list_versions) in trainer/serving.py, which reaches the
+engines and the eval gate through trainer/publish.py. Callers import those from there.
 """
 
 from __future__ import annotations
@@ -32,16 +34,7 @@ from trainer import guards, runs
 from trainer.advantages import Baselines, compute_advantages
 from trainer.config import TrainConfig, TrainConfigError
 from trainer.data import select_samples
-from trainer.serving import (  # noqa: F401 - the runner's public names
-    db_factory,
-    list_versions,
-    project_config,
-    publish_version,
-    retry_publish,
-    serve_version,
-    serving_row,
-)
-from trainer.triggers import due_projects, due_trigger  # noqa: F401
+from trainer.serving import db_factory, project_config, publish_version, serving_row
 
 log = logging.getLogger("rlgate.trainer")
 # a run looks at up to this many x max_samples rows, so that zero-variance groups (dropped)
