@@ -44,6 +44,7 @@ from rlgate.demo_task import (
     score,
     split_pairs,
 )
+from schemas.atdp import PolicyStatus
 
 
 class Demo:
@@ -134,7 +135,7 @@ class Demo:
         if r is None or r.status_code != 200:
             return self.version
         for item in r.json()["items"]:
-            if item["status"] == "serving":
+            if item["status"] == PolicyStatus.serving:
                 return item["name"]
         return "base"
 

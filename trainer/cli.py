@@ -65,6 +65,7 @@ def train_command(once: bool, projects: tuple[str, ...], progress: bool) -> None
     """
     from sqlalchemy import select
 
+    from schemas.atdp import RunStatus
     from schemas.tables import ProjectRow
     from trainer import api, runner, serving
 
@@ -80,11 +81,11 @@ def train_command(once: bool, projects: tuple[str, ...], progress: bool) -> None
             result = runner.run_training(
                 project_id, "manual", settings=settings, factory=factory, progress=progress
             )
-            failed |= result.get("status") == "failed"
+            failed |= result.get("status") == RunStatus.failed
         else:
             result = {
                 "run_id": api.train_now(project_id, "cli", factory=factory),
-                "status": "queued",
+                "status": RunStatus.queued,
             }
         click.echo(json.dumps({"project": project_id, **result}, default=str))
     if failed:

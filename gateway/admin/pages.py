@@ -32,11 +32,12 @@ from gateway.admin.params import (
 from gateway.admin.render import html, render
 from gateway.admin_actions import ActionError
 from gateway.routing import gw_of
+from schemas.atdp import RunStatus
 
 router = APIRouter(include_in_schema=False)
 router.include_router(login.router)  # first, as before the split
 
-RUN_LIVE = ("queued", "running")
+RUN_LIVE = (RunStatus.queued, RunStatus.running)
 
 
 def _run_charts(run: dict[str, Any]) -> list[str]:
