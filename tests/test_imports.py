@@ -218,3 +218,12 @@ def test_commands_live_in_rlgate() -> None:
 def test_core_package_exists() -> None:
     modules = _modules()
     assert {"core.settings", "core.db", "core.keys"} <= set(modules)
+
+
+def test_tests_mirror_the_packages() -> None:
+    """A test module lives in the folder of the package it tests (tests/core, tests/trainer,
+    tests/rlgate, ...); only this whole-project check sits at tests/ root."""
+    root_tests = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
+    assert root_tests == ["test_imports.py"], root_tests
+    for package in PACKAGES:
+        assert (ROOT / "tests" / package / "__init__.py").is_file(), f"tests/{package}/ missing"
