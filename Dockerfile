@@ -16,6 +16,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /opt/rlgate
 COPY pyproject.toml README.md alembic.ini ./
+COPY rlgate ./rlgate
 COPY core ./core
 COPY gateway ./gateway
 COPY trainer ./trainer

@@ -132,7 +132,7 @@ def main() -> None:
                 "RLGATE_SPOOL_FSYNC": str(fsync).lower(),
             }
             subprocess.run(
-                [sys.executable, "-m", "gateway.cli", "migrate"],
+                [sys.executable, "-m", "rlgate.cli", "migrate"],
                 env={**env, **gw_env},
                 check=True,
                 capture_output=True,
@@ -141,7 +141,7 @@ def main() -> None:
                 [
                     sys.executable,
                     "-m",
-                    "gateway.cli",
+                    "rlgate.cli",
                     "keys",
                     "create",
                     "--project",
@@ -156,7 +156,7 @@ def main() -> None:
             ).stdout.strip()
             port = free_port()
             proc = spawn(
-                [sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port)],
+                [sys.executable, "-m", "rlgate.cli", "gateway", "--port", str(port)],
                 f"gateway-{sub}.log",
                 gw_env,
             )

@@ -22,11 +22,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from core.db import make_engine, session_factory, transaction  # noqa: E402
+from core.migrate import upgrade  # noqa: E402
 from core.settings import Settings  # noqa: E402
-from gateway.migrate import upgrade  # noqa: E402
 from gateway.service import ServingPolicy  # noqa: E402
 from schemas.tables import PolicyVersionRow, ProjectRow  # noqa: E402
-from trainer.runner import publish_version  # noqa: E402
+from trainer.serving import publish_version  # noqa: E402
 
 CACHE = Path(os.environ.get("RLGATE_ENGINE_TEST_CACHE", "/tmp/rlgate-engine-cache"))
 

@@ -240,7 +240,7 @@ def main() -> None:
             "RLGATE_LOG_LEVEL": "warning",
             "RLGATE_MAX_IN_FLIGHT_PER_ENGINE": str(args.sessions + 16),
         }
-        cli = [sys.executable, "-m", "gateway.cli"]
+        cli = [sys.executable, "-m", "rlgate.cli"]
         genv = {**env, **gw_env}
         subprocess.run([*cli, "migrate"], env=genv, check=True, capture_output=True)
         keys = [

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.errors import APIError
 from core.keys import new_id
-from schemas.atdp import Feedback
+from schemas.atdp import Feedback, SessionStatus
 from schemas.coltypes import utcnow
 from schemas.convert import to_record
 from schemas.tables import FeedbackRow, InteractionRow, ProjectRow, SessionRow
@@ -276,11 +276,11 @@ def project_settings(db: Session, project_id: str) -> dict[str, Any]:
     return dict(project.settings or {}) if project is not None else {}
 
 
-def close_session(db: Session, session_id: str, status: str = "closed") -> bool:
+def close_session(db: Session, session_id: str, status: str = SessionStatus.closed) -> bool:
     """Mark an open session closed; True if it was open. Call the session-closed hook
     (trainer.hooks.on_session_closed) after the transaction commits."""
     row = db.get(SessionRow, session_id)
-    if row is None or row.status != "open":
+    if row is None or row.status != SessionStatus.open:
         return False
     row.status = status
     row.closed_at = utcnow()

@@ -24,7 +24,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from schemas.atdp import KeyKind
+from schemas.atdp import KeyKind, SessionStatus
 from schemas.coltypes import utcnow
 from schemas.tables import ApiKeyRow, AuditEventRow, ProjectRow, SessionRow
 
@@ -107,7 +107,7 @@ def key_usable(db: Session, row: ApiKeyRow, session_grace_s: float = 3600.0) -> 
         return False
     if row.session_id is not None:
         srow = db.get(SessionRow, row.session_id)
-        if srow is not None and srow.status != "open":
+        if srow is not None and srow.status != SessionStatus.open:
             closed = srow.closed_at or srow.last_activity_at
             if (utcnow() - closed).total_seconds() > session_grace_s:
                 return False

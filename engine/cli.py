@@ -1,4 +1,4 @@
-"""``rlgate engine``: serve the embedded engine (registered by gateway/cli.py)."""
+"""``rlgate engine``: serve the embedded engine (registered by rlgate/cli.py)."""
 
 from __future__ import annotations
 

@@ -1,3 +1,2 @@
-"""rlgate gateway: HTTP front door, recording, the admin dashboard and the CLI (`rlgate`)."""
-
-__version__ = "0.1.0"
+"""rlgate gateway: the HTTP front door (API translators, sessions, recording, the engine
+client) and the admin dashboard. The commands that start it are in `rlgate/`."""

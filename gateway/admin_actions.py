@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.db import transaction
 from core.keys import audit, create_key, revoke_key
 from core.settings import Settings
-from schemas.atdp import KeyKind
+from schemas.atdp import KeyKind, PolicyStatus, RunStatus
 from schemas.tables import ApiKeyRow, AuditEventRow, PolicyVersionRow, ProjectRow
 
 log = logging.getLogger("rlgate.admin")
@@ -58,7 +58,7 @@ def train_now(factory: sessionmaker[Session], project_id: str, actor: str) -> di
     except Exception as e:  # broker down: the run row exists, the message did not go
         log.exception("train-now could not enqueue")
         raise ActionError(503, f"the run was created but not queued: {e}") from None
-    return {"run_id": run_id, "status": "queued", "via": "trainer"}
+    return {"run_id": run_id, "status": RunStatus.queued, "via": "trainer"}
 
 
 def set_paused(
@@ -131,7 +131,8 @@ def previous_version(db: Session, project_id: str) -> PolicyVersionRow | None:
     promote/rollback audit event, else the newest retired version below the serving one."""
     serving = db.scalars(
         select(PolicyVersionRow).where(
-            PolicyVersionRow.project_id == project_id, PolicyVersionRow.status == "serving"
+            PolicyVersionRow.project_id == project_id,
+            PolicyVersionRow.status == PolicyStatus.serving,
         )
     ).first()
     if serving is None:
@@ -153,13 +154,13 @@ def previous_version(db: Session, project_id: str) -> PolicyVersionRow | None:
                 PolicyVersionRow.project_id == project_id, PolicyVersionRow.name == prev_name
             )
         ).first()
-        if pv is not None and pv.status != "rejected":
+        if pv is not None and pv.status != PolicyStatus.rejected:
             return pv
     return db.scalars(
         select(PolicyVersionRow)
         .where(
             PolicyVersionRow.project_id == project_id,
-            PolicyVersionRow.status == "retired",
+            PolicyVersionRow.status == PolicyStatus.retired,
             PolicyVersionRow.version < serving.version,
         )
         .order_by(PolicyVersionRow.version.desc())
@@ -179,9 +180,9 @@ def _serve(
         pv = db.get(PolicyVersionRow, pv_id)
         assert pv is not None
         name, status = pv.name, pv.status
-    if status == "serving":
+    if status == PolicyStatus.serving:
         return {"name": name, "previous": None, "changed": False}
-    if status == "rejected":
+    if status == PolicyStatus.rejected:
         raise ActionError(409, f"{name} was rejected by the eval gate; it cannot be served")
     from trainer import api
 
@@ -229,13 +230,13 @@ def retire(
     """Mark a candidate (or an already retired) version retired; never the serving one."""
     with transaction(factory) as db:
         pv = _version(db, project_id, target)
-        if pv.status == "serving":
+        if pv.status == PolicyStatus.serving:
             raise ActionError(
                 409, f"{pv.name} is serving; promote or roll back to another version first"
             )
-        changed = pv.status != "retired"
+        changed = pv.status != PolicyStatus.retired
         before = pv.status
-        pv.status = "retired"
+        pv.status = PolicyStatus.retired
         if changed:
             audit(
                 db,
@@ -246,7 +247,7 @@ def retire(
                 pv.id,
                 {"name": pv.name, "version": pv.version, "before": before},
             )
-        return {"name": pv.name, "status": "retired", "changed": changed}
+        return {"name": pv.name, "status": PolicyStatus.retired, "changed": changed}
 
 
 # ---- keys ---------------------------------------------------------------------------

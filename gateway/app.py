@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from core.db import DB_DOWN, check_connection, make_engine, session_factory
 from core.errors import APIError
 from core.keys import create_key
+from core.migrate import current
 from core.settings import ConfigError, Settings, get_settings
 from gateway import exposure, openai_chat
 from gateway.auth import BOOTSTRAP_ADMIN_ID, Authenticator, require_kind
@@ -29,7 +30,6 @@ from gateway.errors import bad_request, db_down_error, error_response
 from gateway.feedback import session_closed
 from gateway.limits import BodyLimitMiddleware
 from gateway.metrics import Metrics
-from gateway.migrate import current
 from gateway.parsing import TOOL_PARSERS
 from gateway.ratelimit import RateLimitMiddleware
 from gateway.recorder import Recorder

@@ -66,7 +66,7 @@ def db_url(request) -> str:
 def migrated_db(db_url):  # type: ignore[no-untyped-def]
     """A session factory on a freshly migrated database (both backends)."""
     from core.db import make_engine, session_factory
-    from gateway.migrate import upgrade
+    from core.migrate import upgrade
 
     upgrade(db_url)
     engine = make_engine(db_url)

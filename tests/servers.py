@@ -103,7 +103,7 @@ def engine_cmd(port: int, *extra: str) -> list[str]:
 
 
 def gateway_cmd(port: int) -> list[str]:
-    return [sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port)]
+    return [sys.executable, "-m", "rlgate.cli", "gateway", "--port", str(port)]
 
 
 @contextmanager

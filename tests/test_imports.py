@@ -5,8 +5,9 @@ function-local, and under `if TYPE_CHECKING:`. Relative imports are resolved.
 
 Layers (docs/architecture.md), bottom up: `schemas` (the data contract), then `core`
 (settings, database, keys, feedback records) on it, with `engine` beside them; `trainer`
-on those; `gateway` on top, entering the trainer only through `trainer.api`; the command
-line (`gateway.cli`) above everything.
+on those; `gateway` on them, entering the trainer only through `trainer.api`; `rlgate`
+(the product's commands: the command line, `up`, `demo`, `export`) above everything,
+and nothing below imports it.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("core", "gateway", "trainer", "engine", "schemas")
-# The command line sits on top of every layer.
-COMMANDS = {"gateway.cli"}
+PACKAGES = ("rlgate", "core", "gateway", "trainer", "engine", "schemas")
 
 
 def _module_name(path: Path) -> str:
@@ -156,44 +155,75 @@ def test_module_graph_is_acyclic() -> None:
 
 def test_trainer_never_imports_gateway() -> None:
     _, raw = _graph()
-    bad = _violations(raw, "trainer", {"gateway"})
+    bad = _violations(raw, "trainer", {"rlgate", "gateway"})
     assert not bad, "\n".join(bad)
 
 
 def test_engine_never_imports_gateway_or_trainer() -> None:
     _, raw = _graph()
-    bad = _violations(raw, "engine", {"gateway", "trainer"})
+    bad = _violations(raw, "engine", {"rlgate", "gateway", "trainer"})
     assert not bad, "\n".join(bad)
 
 
 def test_core_imports_no_upper_layer() -> None:
     _, raw = _graph()
-    bad = _violations(raw, "core", {"gateway", "trainer", "engine"})
+    bad = _violations(raw, "core", {"rlgate", "gateway", "trainer", "engine"})
     assert not bad, "\n".join(bad)
 
 
 def test_schemas_imports_no_upper_layer() -> None:
     """The data contract is the very bottom: core uses its tables, never the reverse."""
     _, raw = _graph()
-    bad = _violations(raw, "schemas", {"core", "gateway", "trainer", "engine"})
+    bad = _violations(raw, "schemas", {"rlgate", "core", "gateway", "trainer", "engine"})
     assert not bad, "\n".join(bad)
 
 
 def test_gateway_enters_trainer_only_through_api() -> None:
-    """Apart from the command line on top (gateway.cli registers the trainer's commands),
-    the gateway reaches the trainer through trainer.api only."""
+    """The gateway reaches the trainer through trainer.api only (the command line that
+    registers the trainer's commands is in rlgate/, above both)."""
     _, raw = _graph()
     door = {"trainer", "trainer.api"}
     bad = sorted(
         f"{module} imports {name}"
         for module, names in raw.items()
-        if _top(module) == "gateway" and module not in COMMANDS
+        if _top(module) == "gateway"
         for name in names
         if _top(name) == "trainer" and name not in door and not name.startswith("trainer.api.")
     )
     assert not bad, "\n".join(bad)
 
 
+def test_rlgate_is_the_top_layer() -> None:
+    """The product's commands import every layer; no layer imports them."""
+    _, raw = _graph()
+    below = {"core", "schemas", "engine", "trainer", "gateway"}
+    bad = sorted(
+        f"{module} imports {name}"
+        for module, names in raw.items()
+        if _top(module) in below
+        for name in names
+        if _top(name) == "rlgate"
+    )
+    assert not bad, "\n".join(bad)
+
+
+def test_commands_live_in_rlgate() -> None:
+    """gateway/ holds only the gateway: the command line, up, demo and export are in rlgate/."""
+    modules = _modules()
+    assert {"rlgate.cli", "rlgate.up", "rlgate.demo", "rlgate.export"} <= set(modules)
+    moved = {"gateway.cli", "gateway.up", "gateway.demo", "gateway.export", "gateway.migrate"}
+    assert not moved & set(modules)
+
+
 def test_core_package_exists() -> None:
     modules = _modules()
     assert {"core.settings", "core.db", "core.keys"} <= set(modules)
+
+
+def test_tests_mirror_the_packages() -> None:
+    """A test module lives in the folder of the package it tests (tests/core, tests/trainer,
+    tests/rlgate, ...); only this whole-project check sits at tests/ root."""
+    root_tests = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
+    assert root_tests == ["test_imports.py"], root_tests
+    for package in PACKAGES:
+        assert (ROOT / "tests" / package / "__init__.py").is_file(), f"tests/{package}/ missing"

@@ -61,10 +61,10 @@ def train_now(
 
     The run row exists immediately with status ``queued``; a worker picks it up.
     """
-    from trainer import runner, runs
+    from trainer import runs, serving
     from trainer.tasks import train_project
 
-    factory = factory or runner.db_factory()
+    factory = factory or serving.db_factory()
     run_id = runs.create_queued(factory, project_id, "manual")
     with transaction(factory) as db:
         audit(db, actor, "training.trigger", project_id, "training_run", run_id, {})
@@ -109,10 +109,10 @@ def serve_version(
 ) -> dict[str, Any]:
     """Serve a version (name or number) of the project; an AuditEvent ``action``.
     :class:`PublishError` when an engine refused it, LookupError for an unknown one."""
-    from trainer import runner
+    from trainer import serving
 
     return dict(
-        runner.serve_version(
+        serving.serve_version(
             project_id, target, actor=actor, action=action, settings=settings, factory=factory
         )
     )
@@ -120,19 +120,19 @@ def serve_version(
 
 def rollback(project_id: str, target: str | int, actor: str) -> dict[str, Any]:
     """Re-serve an earlier version (name or number); an AuditEvent adapter.rollback."""
-    from trainer import runner
+    from trainer import serving
 
-    return runner.serve_version(project_id, target, actor=actor, action="adapter.rollback")
+    return serving.serve_version(project_id, target, actor=actor, action="adapter.rollback")
 
 
 def promote(project_id: str, target: str | int, actor: str) -> dict[str, Any]:
     """Serve a given version (e.g. a candidate); an AuditEvent adapter.promote."""
-    from trainer import runner
+    from trainer import serving
 
-    return runner.serve_version(project_id, target, actor=actor, action="adapter.promote")
+    return serving.serve_version(project_id, target, actor=actor, action="adapter.promote")
 
 
 def list_adapters(project_id: str | None = None) -> list[dict[str, Any]]:
-    from trainer import runner
+    from trainer import serving
 
-    return runner.list_versions(project_id)
+    return serving.list_versions(project_id)

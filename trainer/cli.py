@@ -1,4 +1,4 @@
-"""Click commands of the trainer; ``gateway/cli.py`` registers them on ``rlgate``:
+"""Click commands of the trainer; ``rlgate/cli.py`` registers them on ``rlgate``:
 ``worker_command`` (``rlgate worker``), ``train_command`` (``rlgate train``),
 ``adapters_group`` (``rlgate adapters list|rollback|promote``)."""
 
@@ -65,12 +65,13 @@ def train_command(once: bool, projects: tuple[str, ...], progress: bool) -> None
     """
     from sqlalchemy import select
 
+    from schemas.atdp import RunStatus
     from schemas.tables import ProjectRow
-    from trainer import api, runner
+    from trainer import api, runner, serving
 
     settings = get_settings()
     _logging(settings.log_level)
-    factory = runner.db_factory(settings)
+    factory = serving.db_factory(settings)
     if not projects:
         with factory() as db:
             projects = tuple(db.scalars(select(ProjectRow.id).order_by(ProjectRow.id)))
@@ -80,11 +81,11 @@ def train_command(once: bool, projects: tuple[str, ...], progress: bool) -> None
             result = runner.run_training(
                 project_id, "manual", settings=settings, factory=factory, progress=progress
             )
-            failed |= result.get("status") == "failed"
+            failed |= result.get("status") == RunStatus.failed
         else:
             result = {
                 "run_id": api.train_now(project_id, "cli", factory=factory),
-                "status": "queued",
+                "status": RunStatus.queued,
             }
         click.echo(json.dumps({"project": project_id, **result}, default=str))
     if failed:
@@ -100,9 +101,9 @@ def adapters_group() -> None:
 @click.option("--project", "-p", default=None)
 @click.option("--json", "as_json", is_flag=True)
 def adapters_list(project: str | None, as_json: bool) -> None:
-    from trainer import runner
+    from trainer import serving
 
-    rows = runner.list_versions(project)
+    rows = serving.list_versions(project)
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
@@ -111,11 +112,11 @@ def adapters_list(project: str | None, as_json: bool) -> None:
 
 
 def _serve(project: str, target: str, action: str) -> None:
-    from trainer import runner
+    from trainer import serving
     from trainer.publish import PublishError
 
     try:
-        result = runner.serve_version(project, target, actor="cli", action=action)
+        result = serving.serve_version(project, target, actor="cli", action=action)
     except (LookupError, PublishError) as e:
         click.echo(f"rlgate: error: {e}", err=True)
         sys.exit(2)

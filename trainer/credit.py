@@ -31,6 +31,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from schemas.atdp import SessionStatus
 from schemas.tables import FeedbackRow, InteractionRow, ProjectRow, SessionRow
 
 log = logging.getLogger("rlgate.credit")
@@ -183,7 +184,7 @@ def _assign_session(db: Session, session_id: str, cfg: CreditConfig) -> int:
         for f in fb
     ]
     turns = [Turn(r.id, r.seq, r.group_id) for r in rows]
-    rewards = session_rewards(turns, ratings, cfg, closed=status != "open")
+    rewards = session_rewards(turns, ratings, cfg, closed=status != SessionStatus.open)
     changed = 0
     for r in rows:
         new = rewards[r.id]

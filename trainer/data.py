@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import false, func, or_, select
 from sqlalchemy.orm import Session
 
+from schemas.atdp import PolicyStatus
 from schemas.tables import InteractionRow, PolicyVersionRow, SessionRow
 
 BASE_POLICY = "base"
@@ -55,7 +56,7 @@ def policy_versions(db: Session, project_id: str) -> tuple[dict[str, int], int]:
         )
     ).all()
     versions = {BASE_POLICY: 0, **{name: v for name, v, _ in rows}}
-    serving = max((v for _, v, s in rows if s == "serving"), default=0)
+    serving = max((v for _, v, s in rows if s == PolicyStatus.serving), default=0)
     return versions, serving
 
 

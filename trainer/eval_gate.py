@@ -193,7 +193,7 @@ def score_output(
 ) -> float | None:
     """Run the verifier on one ``/generate`` answer; the score in [-1, 1], None when it
     abstains. Any failure is a :class:`GateError` naming the verifier and the prompt."""
-    from schemas.atdp import Interaction, ParsedOutput, Usage
+    from schemas.atdp import Interaction, ParsedOutput, SessionStatus, Usage
     from schemas.atdp import Session as SessionRecord
     from schemas.coltypes import utcnow
     from trainer.verifiers import VerifierContext
@@ -208,7 +208,7 @@ def score_output(
         id=sid,
         project_id="eval-gate",
         task_id=item.task_id,
-        status="closed",
+        status=SessionStatus.closed,
         created_at=now,
         last_activity_at=now,
         metadata=metadata,

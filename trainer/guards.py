@@ -37,6 +37,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from schemas.atdp import PolicyStatus
 from schemas.tables import InteractionRow, PolicyVersionRow
 from trainer.config import TrainConfig
 
@@ -198,7 +199,8 @@ def serving_measured(db: Session, project_id: str, cfg: TrainConfig) -> bool:
     """Has the serving version (or the base model) enough rated units to be judged?"""
     row = db.scalars(
         select(PolicyVersionRow).where(
-            PolicyVersionRow.project_id == project_id, PolicyVersionRow.status == "serving"
+            PolicyVersionRow.project_id == project_id,
+            PolicyVersionRow.status == PolicyStatus.serving,
         )
     ).first()
     name = row.name if row else "base"
@@ -224,7 +226,8 @@ def check(db: Session, project_id: str, cfg: TrainConfig) -> Trip | None:
     """The first guard that trips for the serving version, or None."""
     row = db.scalars(
         select(PolicyVersionRow).where(
-            PolicyVersionRow.project_id == project_id, PolicyVersionRow.status == "serving"
+            PolicyVersionRow.project_id == project_id,
+            PolicyVersionRow.status == PolicyStatus.serving,
         )
     ).first()
     if row is None:
@@ -237,7 +240,7 @@ def check(db: Session, project_id: str, cfg: TrainConfig) -> Trip | None:
             PolicyVersionRow.project_id == project_id,
             PolicyVersionRow.version < row.version,
             PolicyVersionRow.version >= row.version - cfg.guard_window,
-            PolicyVersionRow.status.in_(("retired", "serving")),
+            PolicyVersionRow.status.in_((PolicyStatus.retired, PolicyStatus.serving)),
         )
     ).all()
     measured = [version_stats(db, project_id, n, v) for n, v in earlier]

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.db import transaction
 from core.keys import audit
+from schemas.atdp import PolicyStatus, RunStatus
 from schemas.coltypes import utcnow
 from schemas.tables import PolicyVersionRow, TrainingRunRow
 from trainer.eval_gate import EvalGate, GateConfigError, GateError, resolve, score_output
@@ -99,7 +100,9 @@ def ensure_serving_loaded(
 ) -> list[str]:
     """Reload serving adapters an engine lost (e.g. after an engine restart)."""
     with factory() as db:
-        rows = db.scalars(select(PolicyVersionRow).where(PolicyVersionRow.status == "serving"))
+        rows = db.scalars(
+            select(PolicyVersionRow).where(PolicyVersionRow.status == PolicyStatus.serving)
+        )
         serving = [(r.name, r.path) for r in rows]
     reloaded = []
     with _client(30, headers) as client:
@@ -140,7 +143,7 @@ def switch_serving(
         old = db.scalars(
             select(PolicyVersionRow).where(
                 PolicyVersionRow.project_id == project_id,
-                PolicyVersionRow.status == "serving",
+                PolicyVersionRow.status == PolicyStatus.serving,
                 PolicyVersionRow.id != version_id,
             )
         ).all()
@@ -152,18 +155,18 @@ def switch_serving(
             update(PolicyVersionRow)
             .where(
                 PolicyVersionRow.project_id == project_id,
-                PolicyVersionRow.status == "serving",
+                PolicyVersionRow.status == PolicyStatus.serving,
                 PolicyVersionRow.id != version_id,
             )
-            .values(status="retired")
+            .values(status=PolicyStatus.retired)
         )
-        target.status = "serving"
+        target.status = PolicyStatus.serving
         target.promoted_at = utcnow()
         if run_id:
             db.execute(
                 update(TrainingRunRow)
                 .where(TrainingRunRow.id == run_id)
-                .values(status="published", error=None, finished_at=utcnow())
+                .values(status=RunStatus.published, error=None, finished_at=utcnow())
             )
         previous = old[0].name if old else None
         audit(

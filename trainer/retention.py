@@ -232,11 +232,12 @@ def purge_payloads(
 
 def run_scheduled() -> list[dict[str, Any]]:
     """The beat job: every project with retention, at most MAX_ROWS_PER_RUN rows."""
-    from trainer import runner  # settings and the database, as the other trainer tasks
+    from core.settings import get_settings
+    from trainer.serving import db_factory  # the database, as the other trainer tasks
 
-    settings = runner.get_settings()
+    settings = get_settings()
     results = purge_payloads(
-        runner.db_factory(settings),
+        db_factory(settings),
         default_days=settings.retention_days,
         max_rows=MAX_ROWS_PER_RUN,
     )

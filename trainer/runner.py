@@ -1,4 +1,4 @@
-"""One training run from start to publish, and the other operations on versions.
+"""One training run, from claiming it to committing the version and its first publish.
 
 Run states: ``running`` (claimed, heartbeating) -> ``trained-not-published`` (adapter on
 disk, PolicyVersion ``candidate`` written, interactions consumed, all in one transaction)
@@ -8,7 +8,9 @@ by the next claimer's takeover); an engine that refuses the adapter leaves the r
 ``trained-not-published`` with the error, and ``retry_publish`` (every beat tick) tries
 again. Before a run claims, the guards (trainer/guards.py) judge the serving version; a
 trip rolls back to the best earlier version, and the run then warm-starts from it.
-Publishing lives in trainer/serving.py, triggers in trainer/triggers.py.
+What triggers a run is in trainer/triggers.py; the operations on versions (publish,
+retry_publish, serve_version, list_versions) in trainer/serving.py, which reaches the
+engines and the eval gate through trainer/publish.py. Callers import those from there.
 """
 
 from __future__ import annotations
@@ -26,22 +28,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.db import transaction
 from core.keys import new_id
 from core.settings import Settings, get_settings
+from schemas.atdp import PolicyStatus, RunStatus
 from schemas.coltypes import utcnow
 from schemas.tables import InteractionRow, PolicyVersionRow, ProjectRow, TrainingRunRow
 from trainer import guards, runs
 from trainer.advantages import Baselines, compute_advantages
 from trainer.config import TrainConfig, TrainConfigError
 from trainer.data import select_samples
-from trainer.serving import (  # noqa: F401 - the runner's public names
-    db_factory,
-    list_versions,
-    project_config,
-    publish_version,
-    retry_publish,
-    serve_version,
-    serving_row,
-)
-from trainer.triggers import due_projects, due_trigger  # noqa: F401
+from trainer.serving import db_factory, project_config, publish_version, serving_row
 
 log = logging.getLogger("rlgate.trainer")
 # a run looks at up to this many x max_samples rows, so that zero-variance groups (dropped)
@@ -77,11 +71,15 @@ def run_training(
             paused = project.training_paused
     except TrainConfigError as e:  # stored settings that do not validate: nothing runs
         if run_id:
-            runs.finish(factory, run_id, "failed", f"training settings invalid: {e}")
-        return {"status": "failed", "run_id": run_id, "error": f"training settings invalid: {e}"}
+            runs.finish(factory, run_id, RunStatus.failed, f"training settings invalid: {e}")
+        return {
+            "status": RunStatus.failed,
+            "run_id": run_id,
+            "error": f"training settings invalid: {e}",
+        }
     if paused and trigger != "manual":
         if run_id:
-            runs.finish(factory, run_id, "cancelled", "training is paused for this project")
+            runs.finish(factory, run_id, RunStatus.cancelled, "training is paused for this project")
         return {"status": "skipped", "reason": "training paused"}
     guard = check_guards(factory, settings, project_id)
     run_id, reason = runs.claim(
@@ -97,7 +95,7 @@ def run_training(
     except Exception as e:
         log.error("run %s failed:\n%s", run_id, traceback.format_exc())
         _fail_if_ours(factory, run_id, f"{type(e).__name__}: {e}")
-        return {"status": "failed", "run_id": run_id, "error": str(e)}
+        return {"status": RunStatus.failed, "run_id": run_id, "error": str(e)}
     if outcome.get("policy_version_id"):
         outcome["published"] = publish_version(factory, settings, outcome["policy_version_id"])
         with factory() as db:
@@ -110,7 +108,9 @@ def guard_all(factory: sessionmaker[Session], settings: Settings) -> list[str]:
     it; returns ``project:rolled-back-name`` for each rollback."""
     with factory() as db:
         ids = db.scalars(
-            select(PolicyVersionRow.project_id).where(PolicyVersionRow.status == "serving")
+            select(PolicyVersionRow.project_id).where(
+                PolicyVersionRow.status == PolicyStatus.serving
+            )
         ).all()
     out = []
     for project_id in sorted(set(ids)):
@@ -136,7 +136,7 @@ def _fail_if_ours(factory: sessionmaker[Session], run_id: str, error: str) -> No
         db.execute(
             update(TrainingRunRow)
             .where(TrainingRunRow.id == run_id, TrainingRunRow.status == runs.ACTIVE)
-            .values(status="failed", error=error[:4000], finished_at=utcnow())
+            .values(status=RunStatus.failed, error=error[:4000], finished_at=utcnow())
         )
 
 
@@ -198,11 +198,11 @@ def _train_and_commit(
         runs.finish(
             factory,
             run_id,
-            "cancelled",
+            RunStatus.cancelled,
             f"no trainable samples ({data_stats})",
             data_stats=data_stats,
         )
-        return {"status": "cancelled", "data": data_stats}
+        return {"status": RunStatus.cancelled, "data": data_stats}
     if not kept:  # only zero-variance groups: consume them (they carry no signal)
         _commit(
             factory,
@@ -213,10 +213,10 @@ def _train_and_commit(
             data_stats,
             [],
             None,
-            status="cancelled",
+            status=RunStatus.cancelled,
             error="nothing to learn: every sample is in a zero-variance group",
         )
-        return {"status": "cancelled", "data": data_stats}
+        return {"status": RunStatus.cancelled, "data": data_stats}
 
     model_dir = resolve_model_dir(settings.model_path, settings.data_dir)
     warm = Path(serving.path) if (cfg.warm_start and serving and serving.path) else None
@@ -255,7 +255,7 @@ def _train_and_commit(
         path=str(out.resolve()),
         lora_config={**lora_config_dict(cfg), "warm_start": policy.warm_started_from},
         created_by_run_id=run_id,
-        status="candidate",
+        status=PolicyStatus.candidate,
         created_at=utcnow(),
     )
     ids = [s.interaction_id for s in kept] + [s.interaction_id for s in dropped]
@@ -268,11 +268,11 @@ def _train_and_commit(
         data_stats,
         steps,
         pv,
-        status="trained-not-published",
+        status=RunStatus.trained_not_published,
         error=None,
     )
     return {
-        "status": "trained-not-published",
+        "status": RunStatus.trained_not_published,
         "policy_version_id": pv.id,
         "name": name,
         "data": data_stats,
@@ -328,7 +328,7 @@ def _commit(
         run.step_metrics = steps
         run.policy_version_id = pv.id if pv is not None else None
         run.config = {**run.config, "data_stats": data_stats}
-        if status != "trained-not-published":
+        if status != RunStatus.trained_not_published:
             run.finished_at = utcnow()
 
 

@@ -23,11 +23,17 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.db import transaction
 from core.keys import new_id
+from schemas.atdp import RunStatus
 from schemas.coltypes import utcnow
 from schemas.tables import ProjectRow, TrainingRunRow
 
-ACTIVE = "running"
-TERMINAL = ("published", "trained-not-published", "failed", "cancelled")
+ACTIVE = RunStatus.running
+TERMINAL = (
+    RunStatus.published,
+    RunStatus.trained_not_published,
+    RunStatus.failed,
+    RunStatus.cancelled,
+)
 
 
 def worker_id() -> str:
@@ -79,7 +85,7 @@ def recover_stale(db: Session, project_id: str, stale_after_s: float) -> list[st
     ).all()
     for run in runs:
         if is_stale(run, stale_after_s):
-            run.status = "failed"
+            run.status = RunStatus.failed
             run.error = (
                 f"worker lost: {run.config.get('worker')} stopped heartbeating "
                 f"(last {run.config.get('heartbeat_at')}); taken over, nothing published"
@@ -99,7 +105,7 @@ def create_queued(factory: sessionmaker[Session], project_id: str, trigger: str)
                 id=run_id,
                 project_id=project_id,
                 trigger=trigger,
-                status="queued",
+                status=RunStatus.queued,
                 created_at=utcnow(),
             )
         )

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.db import make_engine, session_factory, transaction
 from core.keys import audit
 from core.settings import Settings, get_settings
+from schemas.atdp import PolicyStatus, RunStatus
 from schemas.tables import PolicyVersionRow, ProjectRow, TrainingRunRow
 from trainer import publish, runs
 from trainer.config import TrainConfig
@@ -40,7 +41,10 @@ def project_config(db: Session, project_id: str) -> tuple[ProjectRow, TrainConfi
 def serving_row(db: Session, project_id: str) -> PolicyVersionRow | None:
     return db.scalars(
         select(PolicyVersionRow)
-        .where(PolicyVersionRow.project_id == project_id, PolicyVersionRow.status == "serving")
+        .where(
+            PolicyVersionRow.project_id == project_id,
+            PolicyVersionRow.status == PolicyStatus.serving,
+        )
         .order_by(PolicyVersionRow.version.desc())
     ).first()
 
@@ -52,7 +56,7 @@ def publish_version(
     urls = settings.engine_url_list
     with factory() as db:
         pv = db.get(PolicyVersionRow, version_id)
-        if pv is None or pv.status != "candidate":
+        if pv is None or pv.status != PolicyStatus.candidate:
             return False
         # the gate's settings only, validated by the gate itself: settings broken since the
         # run trained make it fail closed (rejected with the reason) instead of raising here
@@ -103,7 +107,7 @@ def publish_version(
     except Exception as e:  # engine down or refusing: retried by the next tick
         log.warning("publishing %s failed: %s", name, e)
         if run_id:
-            runs.finish(factory, run_id, "trained-not-published", f"publish failed: {e}")
+            runs.finish(factory, run_id, RunStatus.trained_not_published, f"publish failed: {e}")
         return False
     log.info("project %s: %s is serving (was %s)", project_id, name, previous)
     if previous and previous != name:
@@ -121,7 +125,7 @@ def _reject(
     metrics: dict[str, Any],
 ) -> None:
     with transaction(factory) as db:
-        db.get(PolicyVersionRow, version_id).status = "rejected"  # type: ignore[union-attr]
+        db.get(PolicyVersionRow, version_id).status = PolicyStatus.rejected  # type: ignore[union-attr]
         audit(
             db,
             actor,
@@ -137,7 +141,7 @@ def _reject(
             if metrics.get("reason") == "parent_rolled_back"
             else f"eval gate: {metrics}"
         )
-        runs.finish(factory, run_id, "trained-not-published", f"{name} rejected: {why}")
+        runs.finish(factory, run_id, RunStatus.trained_not_published, f"{name} rejected: {why}")
 
 
 def retry_publish(
@@ -151,8 +155,8 @@ def retry_publish(
             select(PolicyVersionRow.id, PolicyVersionRow.project_id, PolicyVersionRow.version)
             .join(TrainingRunRow, TrainingRunRow.id == PolicyVersionRow.created_by_run_id)
             .where(
-                PolicyVersionRow.status == "candidate",
-                TrainingRunRow.status == "trained-not-published",
+                PolicyVersionRow.status == PolicyStatus.candidate,
+                TrainingRunRow.status == RunStatus.trained_not_published,
             )
             .order_by(PolicyVersionRow.version.desc())
         ).all()
@@ -160,7 +164,7 @@ def retry_publish(
             pid: v
             for pid, v in db.execute(
                 select(PolicyVersionRow.project_id, func.max(PolicyVersionRow.version))
-                .where(PolicyVersionRow.status == "serving")
+                .where(PolicyVersionRow.status == PolicyStatus.serving)
                 .group_by(PolicyVersionRow.project_id)
             ).all()
         }
@@ -199,7 +203,7 @@ def serve_version(
         if pv is None:
             raise LookupError(f"no version {target!r} in project {project_id!r}")
         vid, name, path, status = pv.id, pv.name, pv.path, pv.status
-    if status == "serving":
+    if status == PolicyStatus.serving:
         return {"name": name, "previous": None, "changed": False}
     publish.load_everywhere(settings.engine_url_list, name, path, settings.engine_headers)
     previous = publish.switch_serving(

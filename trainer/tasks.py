@@ -20,7 +20,7 @@ import logging
 import os
 from typing import Any
 
-from trainer import hooks, runner
+from trainer import hooks, runner, serving, triggers
 from trainer.celery_base import app
 
 log = logging.getLogger("rlgate.trainer")
@@ -55,7 +55,7 @@ def _give_memory_back() -> None:
 
 @app.task(name="rlgate.retry_publish")
 def retry_publish() -> list[str]:
-    return runner.retry_publish()
+    return serving.retry_publish()
 
 
 @app.task(name="rlgate.tick")
@@ -64,12 +64,12 @@ def tick() -> dict[str, Any]:
     from trainer.publish import ensure_serving_loaded
 
     settings = get_settings()
-    factory = runner.db_factory(settings)
-    published = runner.retry_publish(settings, factory)
+    factory = serving.db_factory(settings)
+    published = serving.retry_publish(settings, factory)
     reloaded = ensure_serving_loaded(factory, settings.engine_url_list)
     rolled_back = runner.guard_all(factory, settings)
     started = []
-    for project_id, trigger in runner.due_projects(factory):
+    for project_id, trigger in triggers.due_projects(factory):
         train_project.delay(project_id, trigger)
         started.append(f"{project_id}:{trigger}")
     if published or reloaded or started or rolled_back:

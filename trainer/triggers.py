@@ -15,6 +15,7 @@ from datetime import timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from schemas.atdp import RunStatus
 from schemas.coltypes import utcnow
 from schemas.tables import InteractionRow, ProjectRow, TrainingRunRow
 from trainer import guards
@@ -61,7 +62,9 @@ def due_trigger(db: Session, project: ProjectRow, cfg: TrainConfig) -> str | Non
     last = db.scalar(
         select(func.max(TrainingRunRow.created_at)).where(
             TrainingRunRow.project_id == project.id,
-            TrainingRunRow.status.in_(("running", "published", "trained-not-published")),
+            TrainingRunRow.status.in_(
+                (RunStatus.running, RunStatus.published, RunStatus.trained_not_published)
+            ),
         )
     )
     if last is None:

@@ -12,32 +12,33 @@ new adapter is hot-swapped in. Reward over time goes to ``reward.json`` and
 ``reward.png``.
 
 Run it from the repository root with the project's venv while ``rlgate up`` runs; see
-README.md next to this file.
+README.md next to this file. The tasks and the simulated user are in ``hermes_tasks.py``,
+the Hermes runner in ``hermes_runner.py``, the record and plot in ``hermes_record.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import shutil
 import signal
-import string
-import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from trainer.verifiers import last_number  # the project's own number reader
-
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from hermes_record import Point, Record, TrainEvent, plot, summary  # noqa: E402
+from hermes_runner import Hermes  # noqa: E402
+from hermes_tasks import Task, make_task, rate, stars_to_reward  # noqa: E402
+
 DEFAULT_HERMES = "/tmp/hermesvenv/bin/hermes"
 RATER = "simulated-user"
 # a run is over when published, failed or cancelled; "trained-not-published" is also the
@@ -59,153 +60,6 @@ TRAINING: dict[str, Any] = {
 # trains every few minutes once enough rated samples wait.
 MANUAL_TRIGGERS = {"schedule_minutes": 1440.0, "threshold": 1_000_000, "min_samples": 1_000_000}
 SCHEDULE_TRIGGERS = {"schedule_minutes": 3.0, "threshold": 32, "min_samples": 8}
-
-
-# ---- tasks and the simulated user ---------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Task:
-    kind: str  # "add", "mul" or "convert"; the session's task_id (per-task baselines)
-    prompt: str
-    expected: float
-    rel_tol: float = 0.0  # arithmetic must be exact; conversions may be rounded
-
-
-_CONVERSIONS: list[tuple[str, str, float]] = [
-    ("miles", "km", 1.609344),
-    ("km", "miles", 1 / 1.609344),
-    ("kg", "pounds", 1 / 0.45359237),
-    ("pounds", "kg", 0.45359237),
-    ("feet", "meters", 0.3048),
-    ("inches", "cm", 2.54),
-    ("gallons", "liters", 3.785411784),
-]
-
-
-def make_task(rng: random.Random) -> Task:
-    kind = rng.choice(["add", "mul", "convert"])
-    if kind == "add":
-        a, b = rng.randint(2, 60), rng.randint(2, 60)
-        return Task("add", f"What is {a} + {b}?", float(a + b))
-    if kind == "mul":
-        a, b = rng.randint(11, 49), rng.randint(11, 49)
-        return Task("mul", f"What is {a} * {b}?", float(a * b))
-    src, dst, factor = rng.choice(_CONVERSIONS)
-    value = rng.randint(2, 40)
-    if rng.random() < 0.25:
-        prompt = f"Convert {value} degrees Celsius to Fahrenheit."
-        return Task("convert", prompt, value * 1.8 + 32, rel_tol=5e-3)
-    return Task("convert", f"Convert {value} {src} to {dst}.", value * factor, rel_tol=5e-3)
-
-
-def matches(got: float | None, task: Task) -> bool:
-    """Exact for arithmetic; a conversion may be rounded (0.5 %, e.g. 19.3 for 19.312)."""
-    return got is not None and math.isclose(got, task.expected, rel_tol=task.rel_tol, abs_tol=1e-9)
-
-
-def rate(answer: str, task: Task, used_tool: bool) -> tuple[int, str]:
-    """The simulated user's 1-5 stars and comment. It reads the final answer (the last
-    number in it) and, like a user watching the agent, sees whether a tool was used."""
-    got = last_number(answer)
-    if matches(got, task):
-        return 5, "correct"
-    if used_tool:
-        return 3, "used a tool, wrong answer"
-    if got is not None:
-        return 2, "wrong number"
-    return 1, "no answer"
-
-
-def stars_to_reward(stars: float) -> float:
-    return (stars - 3) / 2  # the gateway's stars-5 normalization
-
-
-# ---- Hermes -------------------------------------------------------------------------
-
-
-@dataclass
-class HermesRun:
-    answer: str
-    exit_code: int
-    seconds: float
-    tool_calls: list[dict[str, Any]]
-    usage: dict[str, Any]
-    stderr: str
-
-
-class Hermes:
-    """A private HERMES_HOME (config.yaml, SOUL.md, the calc_tools plugin) and the
-    ``hermes -z`` one-shot runner. Nothing under the user's home is touched."""
-
-    def __init__(
-        self, binary: str, base_url: str, max_tokens: int, max_turns: int, stop: str
-    ) -> None:
-        self.binary = binary
-        self.root = Path(tempfile.mkdtemp(prefix="rlgate-hermes-"))
-        self.home = self.root / "hermes-home"
-        self.workdir = self.root / "work"  # cwd without AGENTS.md etc.
-        self.workdir.mkdir(parents=True)
-        (self.home / "plugins").mkdir(parents=True)
-        template = string.Template((HERE / "hermes_config.yaml").read_text())
-        config = template.substitute(
-            base_url=base_url.rstrip("/"),
-            max_tokens=max_tokens,
-            max_turns=max_turns,
-            extra_body=json.dumps({"stop": [stop]} if stop else {}),
-        )
-        (self.home / "config.yaml").write_text(config)
-        shutil.copy(HERE / "SOUL.md", self.home / "SOUL.md")
-        shutil.copytree(
-            HERE / "hermes_plugin" / "calc_tools",
-            self.home / "plugins" / "calc_tools",
-            ignore=shutil.ignore_patterns("__pycache__"),
-        )
-
-    def run(self, prompt: str, session_key: str, index: int, timeout_s: float) -> HermesRun:
-        tool_log = self.root / f"tools-{index:04d}.jsonl"
-        usage_file = self.root / f"usage-{index:04d}.json"
-        # not the project's venv, and none of this script's keys: only the session's
-        drop = ("PYTHONPATH", "VIRTUAL_ENV", "RLGATE_AGENT_KEY", "RLGATE_EXAMPLE_ADMIN_KEY")
-        env = {k: v for k, v in os.environ.items() if k not in drop}
-        env.update(
-            HERMES_HOME=str(self.home),
-            HOME=str(self.root),  # belt and braces: nothing lands in the real home
-            RLGATE_SESSION_KEY=session_key,
-            CALC_TOOLS_LOG=str(tool_log),
-        )
-        cmd = [self.binary, "-z", prompt, "--toolsets", "calc", "--usage-file", str(usage_file)]
-        started = time.monotonic()
-        proc = subprocess.Popen(
-            cmd,
-            cwd=self.workdir,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            err += f"\n(killed after {timeout_s:.0f} s)"
-        except BaseException:  # Ctrl-C / SIGTERM: leave no Hermes behind
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
-        seconds = time.monotonic() - started
-        calls = []
-        if tool_log.exists():
-            calls = [json.loads(line) for line in tool_log.read_text().splitlines() if line]
-        usage: dict[str, Any] = {}
-        if usage_file.exists():
-            usage = json.loads(usage_file.read_text())
-        return HermesRun(out.strip(), proc.returncode, seconds, calls, usage, err.strip())
-
-    def cleanup(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
 
 
 # ---- the gateway --------------------------------------------------------------------
@@ -303,45 +157,6 @@ def tune_training(project: str, manual: bool) -> None:
 # ---- the loop -----------------------------------------------------------------------
 
 
-@dataclass
-class Point:
-    index: int
-    t_s: float
-    kind: str
-    prompt: str
-    expected: float
-    answer: str
-    stars: int
-    reward: float
-    comment: str
-    used_tool: bool
-    turns: int
-    policy_version: str
-    session_id: str
-    hermes_seconds: float
-    hermes_exit: int
-
-
-@dataclass
-class TrainEvent:
-    after_task: int
-    t_s: float
-    run_id: str
-    status: str
-    num_samples: int | None
-    policy_version: str | None
-    duration_s: float | None
-    error: str | None
-
-
-@dataclass
-class Record:
-    started_at: str
-    args: dict[str, Any]
-    points: list[Point] = field(default_factory=list)
-    training: list[TrainEvent] = field(default_factory=list)
-
-
 def run_task(
     gw: Gateway,
     hermes: Hermes,
@@ -400,68 +215,6 @@ def train(gw: Gateway, project: str, after: int, t0: float, timeout_s: float) ->
         duration_s=run.get("duration_s"),
         error=run.get("error"),
     )
-
-
-def summary(points: list[Point]) -> list[dict[str, Any]]:
-    """Mean reward, accuracy and tool use per serving policy version, in serving order."""
-    order: list[str] = []
-    for p in points:
-        if p.policy_version not in order:
-            order.append(p.policy_version)
-    rows = []
-    for version in order:
-        ps = [p for p in points if p.policy_version == version]
-        rows.append(
-            {
-                "policy_version": version,
-                "tasks": len(ps),
-                "mean_reward": round(sum(p.reward for p in ps) / len(ps), 3),
-                "correct": sum(p.stars == 5 for p in ps),
-                "used_tool": sum(p.used_tool for p in ps),
-            }
-        )
-    return rows
-
-
-def plot(record: Record, path: Path, window: int = 8) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    pts = record.points
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    versions = sorted({p.policy_version for p in pts}, key=lambda v: (v != "base", v))
-    colors = plt.get_cmap("tab10")
-    for i, version in enumerate(versions):
-        ps = [p for p in pts if p.policy_version == version]
-        ax.scatter(
-            [p.index for p in ps],
-            [p.reward for p in ps],
-            s=18,
-            color=colors(i % 10),
-            label=f"served by {version}",
-            alpha=0.8,
-        )
-    rolling = []
-    for i in range(len(pts)):
-        chunk = pts[max(0, i - window + 1) : i + 1]
-        rolling.append(sum(p.reward for p in chunk) / len(chunk))
-    ax.plot([p.index for p in pts], rolling, color="black", lw=1.5, label=f"mean of last {window}")
-    for ev in record.training:
-        ax.axvline(ev.after_task - 0.5, color="grey", ls="--", lw=1)
-        label = ev.policy_version if ev.status == "published" else ev.status
-        ax.text(ev.after_task - 0.4, 1.55, label or "", fontsize=7, rotation=90, va="top")
-    last = max([len(pts)] + [ev.after_task for ev in record.training])
-    ax.set_xlim(-0.5, last + 0.5)
-    ax.set_ylim(-1.1, 1.6)
-    ax.set_xlabel("task")
-    ax.set_ylabel("reward (user rating, stars-5 -> [-1, 1])")
-    ax.set_title(f"Hermes Agent through rlgate, {record.started_at}", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _interrupt(signum: int, frame: object) -> None:

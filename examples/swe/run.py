@@ -20,7 +20,8 @@ schedule; or ``rlgate train --once``), and exports the rated trajectories as ATD
 
 Run it with the project's Python, in the same environment as ``rlgate up`` (the same
 ``RLGATE_DATA_DIR`` / ``RLGATE_DATABASE_URL``): it writes the project's verifier settings and
-creates its keys in that database. See README.md.
+creates its keys in that database. See README.md. The agents are in ``swe_agents.py``, the
+calls to the gateway in ``swe_gateway.py``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -44,26 +44,16 @@ REPO_ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(REPO_ROOT))
 
-from swe_tasks import TASKS, Task, apply_fix, copy_repo, get_task, run_tests  # noqa: E402
+from swe_agents import AGENTS, AgentResult  # noqa: E402
+from swe_gateway import Gateway  # noqa: E402
+from swe_tasks import TASKS, Task, copy_repo, get_task, run_tests  # noqa: E402
 
 DEFAULT_MINI = "/tmp/swevenv/bin/mini"
 TERMINAL_RUN = {"published", "trained-not-published", "failed", "cancelled", "skipped", "rejected"}
-CLAUDE_SYSTEM = (
-    "You fix bugs in small Python repositories. Use the Bash tool to read files, edit them "
-    "and run the tests. Keep answers short."
-)
 
 
 def log(msg: str) -> None:
     print(f"[swe {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-@dataclass
-class AgentResult:
-    exit_status: str
-    calls: int | None
-    seconds: float
-    log_path: Path
 
 
 @dataclass
@@ -74,74 +64,6 @@ class TaskResult:
     interactions: int
     passed: bool | None
     reward: float | None
-
-
-# ---- the gateway ------------------------------------------------------------------------
-
-
-class Gateway:
-    def __init__(self, base_url: str, agent_key: str, admin_key: str) -> None:
-        self.base = base_url.rstrip("/")
-        self.agent_key = agent_key
-        self.admin_key = admin_key
-        self.http = httpx.Client(base_url=self.base, timeout=60)
-
-    def _call(self, method: str, path: str, key: str, **kw: Any) -> Any:
-        r = self.http.request(method, path, headers={"Authorization": f"Bearer {key}"}, **kw)
-        if r.status_code >= 400:
-            raise RuntimeError(f"{method} {path}: {r.status_code} {r.text[:300]}")
-        return r.json()
-
-    def health(self) -> None:
-        r = self.http.get("/health")
-        if r.status_code != 200:
-            raise RuntimeError(f"{self.base}/health: {r.status_code} {r.text[:200]}")
-
-    def open_session(self, task: Task, agent: str) -> tuple[str, str]:
-        body = {
-            "task_id": task.name,  # the verifier's RLGATE_TASK_ID, the trainer's baseline key
-            "agent_name": AGENT_NAMES[agent],
-            "metadata": {"example": "swe"},
-        }
-        out = self._call("POST", "/v1/sessions", self.agent_key, json=body)
-        return out["id"], out["api_key"]
-
-    def end_session(self, session_id: str, session_key: str) -> None:
-        self._call("POST", f"/v1/sessions/{session_id}/end", session_key)
-
-    def interactions(self, session_id: str) -> int:
-        out = self._call("GET", f"/v1/sessions/{session_id}", self.admin_key)
-        return len(out.get("interactions") or [])
-
-    def verifier_feedback(self, session_id: str) -> list[dict[str, Any]]:
-        params = {"session_id": session_id, "source": "verifier"}
-        return self._call("GET", "/v1/feedback", self.admin_key, params=params)["data"]
-
-    def rate(self, session_id: str, passed: bool) -> dict[str, Any]:
-        body = {
-            "session_id": session_id,
-            "value": 1 if passed else -1,
-            "scale": "scalar",
-            "min": -1,
-            "max": 1,
-            "source": "verifier",
-            "rater": "swe-tests",
-            "idempotency_key": f"swe-tests:{session_id}",
-        }
-        return self._call("POST", "/feedback", self.agent_key, json=body)
-
-    def project(self, project_id: str) -> dict[str, Any]:
-        for p in self._call("GET", "/admin/api/overview", self.admin_key)["projects"]:
-            if p["id"] == project_id:
-                return p
-        raise RuntimeError(f"project {project_id} is not visible to the admin key")
-
-    def action(self, action: str, project_id: str) -> dict[str, Any]:
-        body = {"project_id": project_id}
-        return self._call("POST", f"/admin/api/actions/{action}", self.admin_key, json=body)
-
-    def run(self, run_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/admin/api/runs/{run_id}", self.admin_key)
 
 
 # ---- the project: keys and the command verifier (written to rlgate's database) ---------------
@@ -178,141 +100,6 @@ def configure_project(
             _, agent_key = create_key(db, project, "agent", name="examples/swe agent")
             _, admin_key = create_key(db, project, "admin", name="examples/swe admin")
     return agent_key, admin_key
-
-
-# ---- agents -------------------------------------------------------------------------------
-
-
-def agent_env(extra: dict[str, str]) -> dict[str, str]:
-    """The agent's environment: ours without rlgate's settings (no admin key, no database)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RLGATE_")}
-    env.update(extra)
-    return env
-
-
-def run_mini(
-    args: argparse.Namespace, task: Task, repo: Path, out: Path, base: str, key: str
-) -> AgentResult:
-    traj = out / "mini.traj.json"
-    cmd = [
-        args.mini,
-        "--agent-class", "default",  # not the interactive agent: never prompts
-        "-m", args.model,
-        "-t", task.prompt(),
-        "-c", args.mini_config,
-        "-c", f"agent.step_limit={args.steps}",
-        "-c", "agent.cost_limit=0",
-        "-c", f"agent.wall_time_limit_seconds={args.agent_timeout}",
-        "-c", f"environment.cwd={repo}",
-        "-c", "environment.timeout=30",
-        "-c", f"model.model_kwargs.api_base={base}/v1",
-        "-c", f"model.model_kwargs.max_tokens={args.max_tokens}",
-        "-c", f"model.model_kwargs.temperature={args.temperature}",
-        "-o", str(traj),
-    ]  # fmt: skip
-    env = agent_env(
-        {
-            "OPENAI_API_KEY": key,  # the per-session key: every call lands in this session
-            "MSWEA_CONFIGURED": "true",  # no first-run setup prompt
-            "MSWEA_GLOBAL_CONFIG_DIR": str(out / "mini-config"),
-            "MSWEA_COST_TRACKING": "ignore_errors",  # a local model has no price
-            "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "2",
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no download at import
-            "PAGER": "cat",
-        }
-    )
-    result = _run_agent(cmd, env, out / "agent.log", args.agent_timeout + 120)
-    if traj.is_file():
-        info = json.loads(traj.read_text()).get("info", {})
-        result.exit_status = info.get("exit_status") or result.exit_status
-        result.calls = info.get("model_stats", {}).get("api_calls")
-    return result
-
-
-def run_claude(
-    args: argparse.Namespace, task: Task, repo: Path, out: Path, base: str, key: str
-) -> AgentResult:
-    cmd = [
-        args.claude, "-p", task.prompt(),
-        "--bare",
-        "--system-prompt", CLAUDE_SYSTEM,
-        "--tools", args.claude_tools,
-        "--allowedTools", args.claude_tools,  # pre-approved: no permission prompts
-        "--max-turns", str(args.steps),
-        "--output-format", "json",
-    ]  # fmt: skip
-    home = out / "claude-home"
-    home.mkdir(exist_ok=True)
-    env = agent_env(
-        {
-            "ANTHROPIC_BASE_URL": base,  # no /v1: Claude Code adds it
-            "ANTHROPIC_AUTH_TOKEN": key,  # the per-session key
-            "HOME": str(home),  # its own ~/.claude, not yours
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "DISABLE_AUTOUPDATER": "1",
-            "DISABLE_TELEMETRY": "1",
-            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(args.max_tokens),
-        }
-    )
-    result = _run_agent(cmd, env, out / "agent.log", args.agent_timeout, cwd=repo)
-    try:  # the last line is Claude Code's JSON result
-        last = json.loads(result.log_path.read_text().strip().splitlines()[-1])
-        status = "error" if last.get("is_error") else str(last.get("subtype") or "")
-        result.exit_status = status or result.exit_status
-    except (ValueError, IndexError, AttributeError):
-        pass
-    return result
-
-
-def run_reference(
-    args: argparse.Namespace, task: Task, repo: Path, out: Path, base: str, key: str
-) -> AgentResult:
-    """Not an agent: one model call (so the session has a turn to rate), then the task's
-    reference fix. Checks the positive path: tests pass -> the verifier rewards +1."""
-    t0 = time.monotonic()
-    body = {
-        "model": args.model.split("/", 1)[-1],
-        "messages": [{"role": "user", "content": task.prompt()}],
-        "max_tokens": 32,
-    }
-    r = httpx.post(
-        f"{base}/v1/chat/completions",
-        json=body,
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=300,
-    )
-    (out / "agent.log").write_text(r.text)
-    r.raise_for_status()
-    apply_fix(task, repo)
-    return AgentResult("reference fix", 1, time.monotonic() - t0, out / "agent.log")
-
-
-def _run_agent(
-    cmd: list[str], env: dict[str, str], log_path: Path, timeout: float, cwd: Path | None = None
-) -> AgentResult:
-    t0 = time.monotonic()
-    with open(log_path, "wb") as fh:
-        proc = subprocess.Popen(
-            cmd,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            rc = proc.wait(timeout=timeout)
-            status = f"exit {rc}"
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            status = "timeout"
-    return AgentResult(status, None, time.monotonic() - t0, log_path)
-
-
-AGENTS = {"mini": run_mini, "claude": run_claude, "reference": run_reference}
-AGENT_NAMES = {"mini": "mini-swe-agent", "claude": "claude-code", "reference": "reference-fix"}
 
 
 # ---- one task -----------------------------------------------------------------------------
@@ -387,7 +174,7 @@ def train(args: argparse.Namespace, gw: Gateway) -> dict[str, Any] | None:
     if args.train == "none":
         return None
     if args.train == "cli":
-        cmd = [sys.executable, "-m", "gateway.cli", "train", "--once", "-p", args.project]
+        cmd = [sys.executable, "-m", "rlgate.cli", "train", "--once", "-p", args.project]
         log("training: " + " ".join(cmd[1:]))
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -418,7 +205,7 @@ def export(args: argparse.Namespace, since: str) -> tuple[Path, int]:
     """``rlgate export``: this run's rated interactions (ATDP v1 JSONL)."""
     out: Path = args.export
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "gateway.cli", "export", "--format", "jsonl"]
+    cmd = [sys.executable, "-m", "rlgate.cli", "export", "--format", "jsonl"]
     cmd += ["--project", args.project, "--rated-only", "--since", since, "-o", str(out)]
     log("export: rlgate " + " ".join(cmd[3:]))
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT)

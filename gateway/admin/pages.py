@@ -1,38 +1,25 @@
-"""The dashboard's HTML routes: login / logout, the pages, and their POSTed forms.
+"""The dashboard's HTML routes: the pages and their POSTed forms (login / logout and the
+static files are in ``login.py``, included here).
 
 Pages need the session cookie (else a redirect to ``/admin/login``); every form carries
 the session's CSRF token in a hidden ``csrf`` field (403 otherwise), the login form its
-own pre-login token. Forms answer with a 303 back to the page, ``?msg=`` or ``?err=``.
+own pre-login token (``forms.py``). Forms answer with a 303 back to the page, ``?msg=``
+or ``?err=``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
-import secrets
-import time
 import urllib.parse
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import RedirectResponse, Response
 
-from core.errors import APIError
 from gateway import admin_actions as actions
-from gateway.admin import charts, queries
-from gateway.admin.auth import (
-    COOKIE,
-    PRE_COOKIE,
-    SESSION_TTL_S,
-    Ctx,
-    cookie_ctx,
-    csrf_ok,
-    project_for,
-    secure,
-    sign,
-    signing_secret,
-    unsign,
-)
+from gateway.admin import charts, login, queries
+from gateway.admin.auth import Ctx, project_for
+from gateway.admin.forms import back, form_ctx, page_ctx
 from gateway.admin.ops import db, decoder, do_action, recording_status
 from gateway.admin.params import (
     feedback_filters,
@@ -42,66 +29,15 @@ from gateway.admin.params import (
     run_filters,
     session_filters,
 )
-from gateway.admin.render import HERE, html, render
+from gateway.admin.render import html, render
 from gateway.admin_actions import ActionError
-from gateway.ratelimit import limiter_for, settings_of
 from gateway.routing import gw_of
+from schemas.atdp import RunStatus
 
 router = APIRouter(include_in_schema=False)
+router.include_router(login.router)  # first, as before the split
 
-RUN_LIVE = ("queued", "running")
-
-
-# ---- session and forms --------------------------------------------------------------
-
-
-def _to_login(request: Request) -> RedirectResponse:
-    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-    return RedirectResponse(
-        "/admin/login?" + urllib.parse.urlencode({"next": target}), status_code=303
-    )
-
-
-async def page_ctx(request: Request) -> Ctx | Response:
-    ctx = await cookie_ctx(request)
-    return ctx if ctx is not None else _to_login(request)
-
-
-async def read_form(request: Request) -> dict[str, str]:
-    """An urlencoded form body (the dashboard's forms), parsed without python-multipart."""
-    raw = await request.body()
-    if len(raw) > 64 * 1024:
-        raise APIError(413, "form too large")
-    try:
-        pairs = urllib.parse.parse_qsl(raw.decode(), keep_blank_values=True)
-    except UnicodeDecodeError:
-        raise APIError(400, "the form is not valid UTF-8") from None
-    return dict(pairs)
-
-
-async def form_ctx(request: Request) -> tuple[Ctx, dict[str, str]] | Response:
-    """A POSTed dashboard form: logged-in session and a matching CSRF token."""
-    ctx = await cookie_ctx(request)
-    if ctx is None:
-        return _to_login(request)
-    form = await read_form(request)
-    if not csrf_ok(form.get("csrf", ""), ctx.csrf):
-        return HTMLResponse(
-            render(request, "error.html", None, message="CSRF token missing or wrong"), 403
-        )
-    return ctx, form
-
-
-def _safe_next(target: str | None) -> str:
-    if target and target.startswith("/admin") and not target.startswith("//"):
-        return target
-    return "/admin"
-
-
-def _back(form: dict[str, str], default: str, **query: str) -> RedirectResponse:
-    target = _safe_next(form.get("next") or default)
-    sep = "&" if "?" in target else "?"
-    return RedirectResponse(target + sep + urllib.parse.urlencode(query), status_code=303)
+RUN_LIVE = (RunStatus.queued, RunStatus.running)
 
 
 def _run_charts(run: dict[str, Any]) -> list[str]:
@@ -136,107 +72,6 @@ def _overview_charts(ov: dict[str, Any]) -> list[str]:
             chart_id="chart-feedback-rate",
         ),
     ]
-
-
-# ---- login / logout -----------------------------------------------------------------
-
-
-@router.get("/admin/login")
-async def login_page(request: Request) -> Response:
-    token = secrets.token_urlsafe(24)
-    secret = signing_secret(request)
-    resp = html(render(request, "login.html", None, pre=token, next=_safe_next(q(request, "next"))))
-    resp.set_cookie(
-        PRE_COOKIE,
-        sign(secret, {"t": token, "exp": time.time() + 3600}),
-        max_age=3600,
-        httponly=True,
-        samesite="strict",
-        secure=secure(request),
-        path="/admin",
-    )
-    return resp
-
-
-@router.post("/admin/login")
-async def login(request: Request) -> Response:
-    """Check an admin key and set the session cookie. Failed attempts (a wrong or
-    non-admin key) are rate limited per client IP (``RLGATE_LOGIN_RATE_PER_MIN``, default
-    10 a minute): past it every attempt is a 429 with Retry-After, right key or not."""
-    limited = await login_limited(request)
-    if limited is not None:
-        return limited
-    form = await read_form(request)
-    secret = signing_secret(request)
-    pre = unsign(secret, request.cookies.get(PRE_COOKIE))
-    if pre is None or not csrf_ok(form.get("csrf", ""), str(pre.get("t", ""))):
-        return html(render(request, "error.html", None, message="CSRF token missing or wrong"), 403)
-    nxt = _safe_next(form.get("next"))
-
-    async def fail(message: str, status: int) -> Response:
-        if status in (401, 403):  # a guessed key: spend one of this IP's attempts
-            await login_limited(request, take=True)
-        return html(
-            render(request, "login.html", None, pre=pre["t"], next=nxt, error=message), status
-        )
-
-    key = form.get("key", "").strip()
-    if not key:
-        return await fail("enter an admin key", 400)
-    try:
-        p = await asyncio.to_thread(gw_of(request).auth.resolve, key)
-    except APIError:
-        return await fail("unknown or revoked key", 401)
-    if p.kind != "admin":
-        return await fail(f"this is a {p.kind} key; the dashboard needs an admin key", 403)
-    payload = {"k": p.key_id, "c": secrets.token_urlsafe(24), "exp": time.time() + SESSION_TTL_S}
-    resp = RedirectResponse(nxt, status_code=303)
-    resp.set_cookie(
-        COOKIE,
-        sign(secret, payload),
-        max_age=SESSION_TTL_S,
-        httponly=True,
-        samesite="strict",
-        secure=secure(request),
-        path="/admin",
-    )
-    resp.delete_cookie(PRE_COOKIE, path="/admin")
-    return resp
-
-
-async def login_limited(request: Request, take: bool = False) -> Response | None:
-    """The 429 page when this client IP has used its failed login attempts, else None.
-    ``take``: count one failed attempt."""
-    per_min = settings_of(request.app).login_rate_per_min
-    ip = request.client.host if request.client else "unknown"
-    limiter = limiter_for(request.app)
-    wait = await limiter.take("login:" + ip, per_min / 60.0, per_min, peek=not take)
-    if wait <= 0 or take:
-        return None
-    seconds = max(1, math.ceil(wait))
-    message = f"too many login attempts from this address; try again in {seconds} s"
-    resp = html(render(request, "error.html", None, message=message), 429)
-    resp.headers["Retry-After"] = str(seconds)
-    return resp
-
-
-@router.post("/admin/logout")
-async def logout(request: Request) -> Response:
-    got = await form_ctx(request)
-    if isinstance(got, Response):
-        return got
-    resp = RedirectResponse("/admin/login", status_code=303)
-    resp.delete_cookie(COOKIE, path="/admin")
-    return resp
-
-
-@router.get("/admin/static/{name}")
-async def static(name: str) -> Response:
-    path = HERE / "static" / name
-    if "/" in name or name.startswith(".") or not path.is_file():
-        raise APIError(404, "not found")
-    kind = {"js": "text/javascript", "css": "text/css"}.get(path.suffix[1:], "text/plain")
-    return Response(path.read_bytes(), media_type=kind, headers={"Cache-Control": "max-age=300"})
 
 
 # ---- pages --------------------------------------------------------------------------
@@ -389,7 +224,7 @@ async def action_form(action: str, request: Request) -> Response:
             do_action, request, ctx, action, form.get("project_id"), form.get("target")
         )
     except ActionError as e:
-        return _back(form, "/admin", err=e.message)
+        return back(form, "/admin", err=e.message)
     if action == "train-now":
         return RedirectResponse(
             "/admin/runs/" + urllib.parse.quote(result["run_id"]) + "?msg=run+queued",
@@ -400,7 +235,7 @@ async def action_form(action: str, request: Request) -> Response:
         "resume": "training resumed",
         "retire": f"{result.get('name')} retired",
     }.get(action, f"{result.get('name')} is serving")
-    return _back(form, "/admin", msg=text)
+    return back(form, "/admin", msg=text)
 
 
 @router.post("/admin/keys")
@@ -421,7 +256,7 @@ async def key_create_form(request: Request) -> Response:
             ctx.actor,
         )
     except ActionError as e:
-        return _back(form, "/admin/keys", err=e.message)
+        return back(form, "/admin/keys", err=e.message)
     return await _keys_html(request, ctx, created, 201)
 
 
@@ -435,6 +270,6 @@ async def key_revoke_form(key_id: str, request: Request) -> Response:
     try:
         await asyncio.to_thread(actions.drop_key, gw.factory, key_id, ctx.actor, ctx.scope)
     except ActionError as e:
-        return _back(form, "/admin/keys", err=e.message)
+        return back(form, "/admin/keys", err=e.message)
     gw.auth.forget()
-    return _back(form, "/admin/keys", msg=f"key {key_id} revoked")
+    return back(form, "/admin/keys", msg=f"key {key_id} revoked")

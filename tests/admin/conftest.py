@@ -26,7 +26,7 @@ from sqlalchemy import insert
 
 from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
-from gateway.migrate import upgrade
+from core.migrate import upgrade
 from schemas.coltypes import utcnow
 from schemas.tables import (
     FeedbackRow,

@@ -16,7 +16,7 @@ import pytest
 
 from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
-from gateway.migrate import upgrade
+from core.migrate import upgrade
 from schemas.coltypes import utcnow
 from schemas.tables import AuditEventRow, ProjectRow
 from tests.servers import free_port, gateway

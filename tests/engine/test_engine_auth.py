@@ -19,7 +19,7 @@ import pytest
 
 from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
-from gateway.migrate import upgrade
+from core.migrate import upgrade
 from tests.servers import Proc, engine_cmd, free_port, gateway, running
 from trainer import publish
 

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import random
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 
@@ -29,6 +30,12 @@ def _load(name: str, path: Path) -> ModuleType:
 @pytest.fixture(scope="module")
 def run() -> ModuleType:
     return _load("hermes_example_run", EXAMPLE / "run.py")
+
+
+@pytest.fixture(scope="module")
+def runner(run: ModuleType) -> ModuleType:
+    """hermes_runner.py, which run.py imports from its own folder."""
+    return sys.modules["hermes_runner"]
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +100,7 @@ def test_tasks_and_ratings(run: ModuleType) -> None:
 
 
 def test_hermes_home(run: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(run.tempfile, "mkdtemp", lambda prefix: str(tmp_path / "h"))
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda prefix: str(tmp_path / "h"))
     hermes = run.Hermes("hermes", "http://gw:8000/", 256, 4, "\n\n")
     cfg = yaml.safe_load((hermes.home / "config.yaml").read_text())
     provider = cfg["providers"][cfg["model"]["provider"]]
@@ -104,7 +111,7 @@ def test_hermes_home(run: ModuleType, tmp_path: Path, monkeypatch: pytest.Monkey
     assert cfg["plugins"]["enabled"] == ["calc_tools"]
     assert (hermes.home / "plugins" / "calc_tools" / "plugin.yaml").exists()
     assert (hermes.home / "SOUL.md").read_text().startswith("You are a precise assistant")
-    monkeypatch.setattr(run.tempfile, "mkdtemp", lambda prefix: str(tmp_path / "h2"))
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda prefix: str(tmp_path / "h2"))
     no_stop = run.Hermes("hermes", "http://gw:8000", 512, 6, "")
     cfg = yaml.safe_load((no_stop.home / "config.yaml").read_text())
     assert cfg["providers"]["rlgate"]["extra_body"] == {}
@@ -172,17 +179,17 @@ class _Hermes:
         return self.result
 
 
-def test_run_task(run: ModuleType) -> None:
+def test_run_task(run: ModuleType, runner: ModuleType) -> None:
     task = run.Task("mul", "What is 37 * 41?", 1517.0)
     sess = {"id": "sess_1", "api_key": "rlg_agent_session", "project_id": "default"}
-    ok = run.HermesRun("37 * 41 = 1517", 0, 2.0, [{"tool": "calculator"}], {}, "")
+    ok = runner.HermesRun("37 * 41 = 1517", 0, 2.0, [{"tool": "calculator"}], {}, "")
     gw = _Gateway(turns=2)
     point = run.run_task(gw, _Hermes(ok), task, sess, 0, 0.0, 10)
     assert (point.stars, point.reward, point.used_tool, point.turns) == (5, 1.0, True, 2)
     assert point.policy_version == "default-policy-v1"
     assert gw.rated == [("sess_1", 5, "correct")] and gw.ended == ["sess_1"]
 
-    failed = run.HermesRun("HTTP 400: too long", 0, 1.0, [], {"failed": True}, "")
+    failed = runner.HermesRun("HTTP 400: too long", 0, 1.0, [], {"failed": True}, "")
     gw = _Gateway(turns=1)
     point = run.run_task(gw, _Hermes(failed), task, sess, 1, 0.0, 10)
     assert point.stars == 1 and gw.rated[0][2] == "agent failed (exit 0): HTTP 400: too long"

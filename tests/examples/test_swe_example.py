@@ -79,8 +79,8 @@ def test_verify_script_exit_status(tmp_path):
 def test_project_command_verifier_rates_the_workspace(tmp_path):
     """run.py's project settings + rlgate's verifier code (what the Celery task runs)."""
     from core.db import make_engine, session_factory
+    from core.migrate import upgrade
     from core.settings import get_settings
-    from gateway.migrate import upgrade
     from trainer.hooks import run_verifiers
 
     url = get_settings().effective_database_url  # SQLite under the test's data dir

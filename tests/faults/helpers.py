@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
-from gateway.migrate import upgrade
+from core.migrate import upgrade
 from schemas.tables import InteractionRow
 
 

@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import select
 
 from core.db import make_engine, session_factory
-from gateway.migrate import upgrade
+from core.migrate import upgrade
 from schemas.tables import InteractionRow, PolicyVersionRow, TrainingRunRow
 from tests.trainer.helpers import greedy, make_project, record, set_training
 from tests.trainer.test_e2e import (  # noqa: F401 - engine_url is a fixture

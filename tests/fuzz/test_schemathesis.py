@@ -34,7 +34,7 @@ from schemathesis.generation import GenerationMode
 
 from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
-from gateway.migrate import upgrade
+from core.migrate import upgrade
 from tests.gateway.conftest import engine, model_dir  # noqa: F401 - shared fixtures
 from tests.servers import gateway
 

@@ -15,8 +15,8 @@ from psycopg import sql
 
 from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
+from core.migrate import upgrade
 from engine.model_files import PACKAGED_MODEL, resolve_model_dir
-from gateway.migrate import upgrade
 from tests.conftest import PG_BASE
 from tests.servers import MODEL_CACHE, Proc, engine_cmd, free_port, gateway, running
 

@@ -8,7 +8,7 @@ import openai
 
 from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
-from gateway.migrate import upgrade
+from core.migrate import upgrade
 from tests.servers import gateway
 
 STORY = [{"role": "user", "content": "Write a long story about a dragon and a knight."}]

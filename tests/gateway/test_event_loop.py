@@ -26,9 +26,9 @@ import uvicorn
 
 from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
+from core.migrate import upgrade
 from core.settings import Settings
 from gateway.app import create_app
-from gateway.migrate import upgrade
 from gateway.state import Gateway
 from gateway.templating import MIN_PROMPT_CHARS
 from tests.servers import MODEL_CACHE, Proc, free_port

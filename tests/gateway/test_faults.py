@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 
 from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
-from gateway.migrate import upgrade
+from core.migrate import upgrade
 from schemas.tables import InteractionRow
 from tests.gateway.helpers import counts, wait_recorded
 from tests.servers import free_port, gateway

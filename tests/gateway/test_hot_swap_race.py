@@ -10,7 +10,7 @@ import torch
 
 from core.db import transaction
 from core.keys import create_key, ensure_project
-from gateway.migrate import upgrade
+from core.migrate import upgrade
 from schemas.coltypes import utcnow
 from schemas.tables import PolicyVersionRow
 from tests.servers import gateway

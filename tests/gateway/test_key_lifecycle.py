@@ -18,7 +18,7 @@ from core.keys import (
     lookup_key,
     revoke_key,
 )
-from gateway.migrate import upgrade
+from core.migrate import upgrade
 from schemas.coltypes import utcnow
 from schemas.tables import ApiKeyRow, AuditEventRow, SessionRow
 

@@ -20,7 +20,7 @@ import pytest
 
 from core.db import make_engine, session_factory, transaction
 from core.keys import create_key, ensure_project
-from gateway.migrate import upgrade
+from core.migrate import upgrade
 from tests.gateway.helpers import counts, wait_recorded
 from tests.gateway.records import entry, iid
 from tests.servers import gateway

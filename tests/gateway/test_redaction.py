@@ -20,8 +20,8 @@ from core.db import transaction
 from core.keys import create_key
 from core.redaction_patterns import RedactionConfigError, check_pattern
 from core.settings import Settings, get_settings
-from gateway.cli import main
 from gateway.redaction import MARKER, RedactionPolicy, Redactor
+from rlgate.cli import main
 from schemas.tables import InteractionRow, ProjectRow
 from tests.gateway.helpers import run_in_fresh_loop, wait_recorded
 from trainer.data import count_trainable, select_samples

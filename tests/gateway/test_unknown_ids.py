@@ -17,7 +17,7 @@ import pytest
 
 from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
-from gateway.migrate import upgrade
+from core.migrate import upgrade
 from gateway.waits import WaitSlots
 from tests.gateway.helpers import run_in_fresh_loop
 from tests.servers import Proc, free_port, gateway

@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import select
 
 from core.db import make_engine, session_factory
-from gateway.migrate import upgrade
+from core.migrate import upgrade
 from schemas.tables import AuditEventRow, PolicyVersionRow, TrainingRunRow
 from tests.trainer.helpers import make_project, record
 from tests.trainer.test_e2e import Worker, _env, _use_env, _wait_run

@@ -118,7 +118,7 @@ def test_project_setting_overrides_the_deployment(migrated_db, caplog):
 
 
 def test_cli(migrated_db, db_url, monkeypatch):
-    from gateway.cli import main
+    from rlgate.cli import main
 
     monkeypatch.setenv("RLGATE_DATABASE_URL", db_url)
     seed(migrated_db, "p1", old=2, recent=1)

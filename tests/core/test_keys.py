@@ -73,7 +73,7 @@ def test_cli_keys_create_list_revoke(sqlite_url, monkeypatch):
 
     def rlgate(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [sys.executable, "-m", "gateway.cli", *args], capture_output=True, text=True
+            [sys.executable, "-m", "rlgate.cli", *args], capture_output=True, text=True
         )
 
     assert rlgate("migrate").returncode == 0

@@ -29,7 +29,7 @@ def test_short_demo_trains_and_swaps(tmp_path):
         [
             sys.executable,
             "-m",
-            "gateway.cli",
+            "rlgate.cli",
             "demo",
             "--minutes",
             "5",
@@ -66,7 +66,7 @@ def test_short_demo_trains_and_swaps(tmp_path):
 def test_demo_verifier_credits_only_the_exact_number():
     """1 for exactly the number, 0 for anything else: no format or closeness credit that
     a constant answer, or an equation that never answers tersely, could collect."""
-    from gateway.demo import score
+    from rlgate.demo_task import score
 
     assert score("24", 24) == 1.0
     assert score(" 24.\n", 24) == 1.0
@@ -77,7 +77,7 @@ def test_demo_verifier_credits_only_the_exact_number():
 
 
 def test_demo_prompt_carries_one_worked_example_never_asked():
-    from gateway.demo import EXAMPLE, messages, split_pairs
+    from rlgate.demo_task import EXAMPLE, messages, split_pairs
 
     chat = messages(5, 17)
     assert [m["role"] for m in chat] == ["user", "assistant", "user"]
@@ -89,7 +89,7 @@ def test_demo_prompt_carries_one_worked_example_never_asked():
 def test_demo_starts_from_a_fresh_state(tmp_path):
     """An earlier run's database, adapters and logs are cleared (a run never starts from
     the adapter an earlier one left serving); the model cache and curves stay."""
-    from gateway.demo import fresh_state
+    from rlgate.demo_curve import fresh_state
 
     demo = tmp_path / "demo"
     for d in ("adapters/demo-policy-v3", "logs", "spool", "out", "models/m"):
@@ -105,7 +105,7 @@ def test_demo_starts_from_a_fresh_state(tmp_path):
 def test_demo_splits_are_disjoint_and_seeded():
     """The eval gate's validation questions are never the held-out ones the curve reports,
     nor training questions; --seed changes the split."""
-    from gateway.demo import split_pairs
+    from rlgate.demo_task import split_pairs
 
     train, held_out, validation = split_pairs(50, seed=1)
     assert len(held_out) == 50 and len(validation) == 32 and len(train) == 399 - 82
@@ -118,7 +118,7 @@ def test_demo_splits_are_disjoint_and_seeded():
 def test_demo_training_settings_are_the_defaults_but_tempo():
     """The demo trains with trainer/config.py's defaults (README: only the tempo, the seed
     and the eval gate differ), and its eval gate validates with a registered verifier."""
-    from gateway.demo import GATE_SIZE, TRAINING, eval_gate
+    from rlgate.demo_task import GATE_SIZE, TRAINING, eval_gate
     from tests.servers import MODEL_CACHE
     from trainer.config import TrainConfig
     from trainer.eval_gate import EvalGate

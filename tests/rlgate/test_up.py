@@ -39,7 +39,7 @@ def test_up_prints_working_snippets_and_stops_cleanly(tmp_path):
         [
             sys.executable,
             "-m",
-            "gateway.cli",
+            "rlgate.cli",
             "up",
             "--port",
             str(port),
@@ -120,7 +120,7 @@ def test_up_prints_working_snippets_and_stops_cleanly(tmp_path):
 
 def test_up_caps_output_only_for_the_packaged_model():
     from core.settings import Settings
-    from gateway.up import PACKAGED_MAX_TOKENS, _default_cap
+    from rlgate.up import PACKAGED_MAX_TOKENS, _default_cap
 
     assert _default_cap(Settings()) == {"RLGATE_DEFAULT_MAX_TOKENS": str(PACKAGED_MAX_TOKENS)}
     assert _default_cap(Settings(default_max_tokens=64)) == {}  # the operator's value wins

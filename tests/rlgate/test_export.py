@@ -9,7 +9,7 @@ from pathlib import Path
 
 import jsonschema
 
-from gateway.migrate import upgrade
+from core.migrate import upgrade
 from schemas import generate
 from schemas.atdp import RECORD_TYPES
 from schemas.convert import to_row
@@ -40,7 +40,7 @@ def test_export_jsonl_validates(db_url, tmp_path, monkeypatch):
     def export(*args: str) -> list[dict]:
         out = tmp_path / "out.jsonl"
         r = subprocess.run(
-            [sys.executable, "-m", "gateway.cli", "export", "-o", str(out), *args],
+            [sys.executable, "-m", "rlgate.cli", "export", "-o", str(out), *args],
             capture_output=True,
             text=True,
         )

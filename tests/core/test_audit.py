@@ -18,7 +18,7 @@ from sqlalchemy import select
 from core.db import transaction
 from core.keys import ensure_project
 from gateway import admin_actions
-from gateway.cli import main
+from rlgate.cli import main
 from schemas.coltypes import utcnow
 from schemas.convert import to_row
 from schemas.tables import ApiKeyRow, AuditEventRow, PolicyVersionRow

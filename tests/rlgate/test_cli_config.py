@@ -14,7 +14,7 @@ def rlgate(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     import os
 
     return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *args],
+        [sys.executable, "-m", "rlgate.cli", *args],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},

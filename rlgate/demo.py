@@ -8,7 +8,8 @@ training runs on its schedule and hot-swaps adapters; after a swap (at most once
 ``--eval-every`` seconds) a held-out set is answered greedily through the gateway.
 Training traffic keeps flowing while the trainer works and while the held-out set is
 evaluated. Prints accuracy over time and writes
-`curve.json` and `curve.png`.
+`curve.json` and `curve.png`. The task (questions, verifier, split, eval gate) is in
+``rlgate/demo_task.py``, the curve and its plot in ``rlgate/demo_curve.py``.
 
 The project trains with trainer/config.py's defaults (trust region, KL to the base model,
 guards) except the tempo settings in ``TRAINING``, the seed and the eval gate: before a
@@ -25,118 +26,25 @@ import json
 import random
 import signal
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
 import httpx
 
 from core.settings import Settings
-
-PROMPT = "What is {a} + {b}? Reply with only the number."
-# One worked exchange before the question, as an agent's prompt would carry: the base
-# model then answers with a bare number about half the time (0.1% without it), so
-# exactly right answers occur from the first minute and need no format credit.
-EXAMPLE = (3, 4)
-
-
-def messages(a: int, b: int) -> list[dict]:
-    """The chat the agent sends for "a + b": the worked example, then the question."""
-    x, y = EXAMPLE
-    return [
-        {"role": "user", "content": PROMPT.format(a=x, b=y)},
-        {"role": "assistant", "content": str(x + y)},
-        {"role": "user", "content": PROMPT.format(a=a, b=b)},
-    ]
-
-
-PROJECT = "demo"
-SAMPLING_TEMPERATURE = 0.7
-MAX_TOKENS = 8
-GATE_SIZE = 32  # validation questions of the eval gate (2 x 32 greedy requests per publish)
-# The demo project's tempo (Project.settings["training"]); everything else is the default
-# of trainer/config.py. A run as soon as 8 groups of 8 that carry signal wait (the default
-# threshold of 64 samples; zero-variance groups do not count), and each version is first
-# measured on 8 groups of its own traffic (guard_min_samples).
-TRAINING = {
-    "schedule_minutes": 0.25,
-    "min_samples": 32,
-    "max_samples": 64,
-}
-
-
-def exact_match(text: str | None, expected: int) -> bool:
-    """The answer is the number and nothing else (a trailing period is forgiven)."""
-    return (text or "").strip().rstrip(".").strip() == str(expected)
-
-
-def score(text: str | None, expected: int) -> float:
-    """The verifier: 1 for exactly the number, 0 for anything else. The worked example in
-    the prompt makes a bare number the base model's usual answer, so right answers occur
-    from the start and need no format credit. (Any other credit was an attractor: a flat
-    0.1 for a bare number let one constant wrong number collect it on every question and
-    collapse the policy; closeness credit taught a typical sum ("11") to every question;
-    credit for the right number inside a longer answer taught "4 + 14 = 18", never
-    exactly right.)"""
-    return 1.0 if exact_match(text, expected) else 0.0
-
-
-Pairs = list[tuple[int, int]]
-
-
-def split_pairs(
-    eval_size: int, seed: int, gate_size: int = GATE_SIZE
-) -> tuple[Pairs, Pairs, Pairs]:
-    """(train, held-out, validation): disjoint; the held-out set is what the curve reports,
-    the validation set is the eval gate's."""
-    pairs = [(a, b) for a in range(1, 21) for b in range(1, 21) if (a, b) != EXAMPLE]
-    rng = random.Random(seed)
-    rng.shuffle(pairs)
-    held_out, validation = pairs[:eval_size], pairs[eval_size : eval_size + gate_size]
-    return pairs[eval_size + gate_size :], held_out, validation
-
-
-def eval_gate(model_dir: Path, validation: Pairs) -> dict:
-    """The demo's eval gate (trainer/eval_gate.py): the validation questions rendered with
-    the chat template as the gateway renders them, scored by ``exact_number``."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    prompts = []
-    for a, b in validation:
-        text = tok.apply_chat_template(
-            messages(a, b),
-            tokenize=False,
-            add_generation_prompt=True,
-        )
-        ids = tok.encode(text, add_special_tokens=False)
-        prompts.append({"input_ids": ids, "expected": a + b})
-    return {
-        "enabled": True,
-        "verifier": "exact_number",
-        "prompts": prompts,
-        "max_new_tokens": MAX_TOKENS,
-        "margin": 0.125,  # 2 questions in 32 on the [-1, 1] scale: greedy noise
-    }
-
-
-@dataclass
-class Curve:
-    started: float = field(default_factory=time.monotonic)
-    points: list[dict] = field(default_factory=list)
-    train_answers: int = 0
-    train_correct: int = 0
-
-    def add(self, version: str, accuracy: float, n: int) -> None:
-        self.points.append(
-            {
-                "minutes": round((time.monotonic() - self.started) / 60, 3),
-                "policy_version": version,
-                "heldout_accuracy": accuracy,
-                "heldout_n": n,
-                "train_answers": self.train_answers,
-            }
-        )
+from rlgate.demo_curve import Curve, commit, plot
+from rlgate.demo_task import (
+    MAX_TOKENS,
+    PROJECT,
+    SAMPLING_TEMPERATURE,
+    TRAINING,
+    eval_gate,
+    exact_match,
+    messages,
+    score,
+    split_pairs,
+)
+from schemas.atdp import PolicyStatus
 
 
 class Demo:
@@ -227,7 +135,7 @@ class Demo:
         if r is None or r.status_code != 200:
             return self.version
         for item in r.json()["items"]:
-            if item["status"] == "serving":
+            if item["status"] == PolicyStatus.serving:
                 return item["name"]
         return "base"
 
@@ -302,69 +210,6 @@ async def _run(
         await demo.http.aclose()
 
 
-def _commit() -> str | None:
-    """The git commit of this checkout, when it is one (for curve.json)."""
-    import subprocess
-
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
-
-
-def fresh_state(data_dir: Path) -> None:
-    """Clear an earlier run's state under ``data_dir`` (database, broker, adapters, spool,
-    logs), keeping the converted model and earlier curves: a run starts from the base model,
-    never from the adapter an earlier run left serving."""
-    import shutil
-
-    if not data_dir.is_dir():
-        return
-    for path in data_dir.iterdir():
-        if path.name in ("models", "out"):
-            continue
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-
-
-def plot(curve: Curve, path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    xs = [p["minutes"] for p in curve.points]
-    ys = [100 * p["heldout_accuracy"] for p in curve.points]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    ax.plot(xs, ys, marker="o")
-    for p, x, y in zip(curve.points, xs, ys, strict=True):
-        ax.annotate(
-            p["policy_version"].split("-")[-1],
-            (x, y),
-            textcoords="offset points",
-            xytext=(0, 6),
-            ha="center",
-            fontsize=7,
-        )
-    ax.set_xlabel("minutes")
-    ax.set_ylabel("held-out accuracy (%)")
-    ax.set_ylim(0, 100)
-    ax.grid(alpha=0.3)
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
 def run_demo(
     settings: Settings,
     minutes: float,
@@ -380,11 +225,11 @@ def run_demo(
 ) -> None:
     import platform
 
+    from core import migrate as mig
     from core.db import make_engine, session_factory, transaction
     from core.keys import create_key, ensure_project
     from engine.model_files import resolve_model_dir
-    from gateway import migrate as mig
-    from gateway.up import launch
+    from rlgate.up import launch
 
     mig.upgrade(settings.effective_database_url)
     factory = session_factory(make_engine(settings.effective_database_url))
@@ -439,7 +284,7 @@ def run_demo(
     summary = {
         "date": stamp,
         "machine": machine,
-        "commit": _commit(),
+        "commit": commit(),
         "seed": seed,
         "minutes": minutes,
         "group_size": group,

@@ -244,14 +244,14 @@ def launch(
         _wait_healthy(children[-1], engine_url, 600)
         click.echo("starting the gateway ...", err=True)
         children.append(
-            _start("gateway", ["-m", "gateway.cli", "gateway", "--port", str(port)], logs, env)
+            _start("gateway", ["-m", "rlgate.cli", "gateway", "--port", str(port)], logs, env)
         )
         _wait_healthy(children[-1], base, 120, ok=(200, 503))
         trainer_note = "trainer: not started (--no-trainer)"
         if trainer:
             worker_env = {**env, "OMP_NUM_THREADS": str(trainer_threads)}
             children.append(
-                _start("worker", ["-m", "gateway.cli", "worker", "--beat"], logs, worker_env)
+                _start("worker", ["-m", "rlgate.cli", "worker", "--beat"], logs, worker_env)
             )
             trainer_note = f"trainer: Celery worker + schedule (log {logs / 'worker.log'})"
     except BaseException:
@@ -261,9 +261,9 @@ def launch(
 
 
 def run_up(settings: Settings, port: int, engine_port: int, trainer: bool) -> None:
+    from core import migrate as mig
     from core.db import make_engine, session_factory, transaction
     from core.keys import create_key
-    from gateway import migrate as mig
 
     data_dir = settings.data_dir.resolve()
     url = settings.effective_database_url

@@ -1,4 +1,5 @@
-"""Run Alembic migrations programmatically (used by `rlgate migrate` and the tests)."""
+"""Run Alembic migrations programmatically (`rlgate migrate`, `rlgate up`, the gateway's
+start-up check, and the tests)."""
 
 from __future__ import annotations
 

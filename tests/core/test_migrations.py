@@ -10,7 +10,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
 from core.db import make_engine
-from gateway.migrate import downgrade, upgrade
+from core.migrate import downgrade, upgrade
 from schemas.tables import Base
 
 TABLES = {
@@ -46,7 +46,7 @@ def _diff(url: str) -> list:
 def test_cli_migrate_creates_full_schema(db_url, monkeypatch):
     monkeypatch.setenv("RLGATE_DATABASE_URL", db_url)
     out = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "migrate"], capture_output=True, text=True
+        [sys.executable, "-m", "rlgate.cli", "migrate"], capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
     assert "revision 0002" in out.stdout

@@ -27,7 +27,7 @@ from trainer.verifiers import (
     last_number,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 REDIS_DB = os.environ.get("RLGATE_TEST_REDIS_DB", "14")
 
 

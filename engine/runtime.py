@@ -1,0 +1,185 @@
+"""The ``Engine`` object: model, tokenizer, grammars, adapters and the scheduler thread.
+
+``engine/server.py`` puts HTTP in front of it; here nothing knows about HTTP. The model
+belongs to the scheduler thread (``engine.scheduler``); ``build_requests`` validates a
+``/generate`` body's items and turns them into scheduler requests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine import scheduler as sched
+from engine.grammar import GrammarCompiler, GrammarError
+from engine.llama import LlamaModel
+from engine.lora import (
+    DEFAULT_TARGET_MODULES,
+    AdapterRegistry,
+    check_adapter_dir,
+    read_peft_adapter,
+)
+from engine.model_files import resolve_model_dir
+from engine.protocol import GenerateItem, ProtocolError
+
+DEFAULT_CONTEXT_LENGTH = 4096
+
+
+@dataclass
+class EngineConfig:
+    model_path: str
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 30000
+    dtype: str = "float32"
+    max_lora_rank: int = 64
+    lora_target_modules: tuple[str, ...] = DEFAULT_TARGET_MODULES
+    max_loaded_loras: int = 8
+    max_running_requests: int = 16
+    context_length: int | None = None
+    served_model_name: str | None = None
+    log_level: str = "info"
+    num_threads: int | None = None
+    lora_paths: dict[str, str] = field(default_factory=dict)
+    prefix_reuse: bool = True
+    prefix_cache_slots: int = 4
+    api_key: str | None = None  # --api-key: required as "Authorization: Bearer <key>"
+    allowed_lora_dir: Path | None = None  # --allowed-lora-dir: adapters only from under it
+
+
+class Engine:
+    """Model, tokenizer, adapters and the scheduler thread, ready to serve."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        from transformers import AutoTokenizer, GenerationConfig
+
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.model_dir = resolve_model_dir(config.model_path, Path(config.data_dir))
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
+        self.model = LlamaModel(self.model_dir, dtype=dtype)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        self.grammars = GrammarCompiler(self.tokenizer, self.model.cfg.vocab_size)
+        eos: set[int] = set()
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(int(self.tokenizer.eos_token_id))
+        with contextlib.suppress(OSError):
+            gen = GenerationConfig.from_pretrained(str(self.model_dir))
+            ids = gen.eos_token_id
+            eos.update([ids] if isinstance(ids, int) else list(ids or []))
+        self.eos_token_ids = eos
+        cfg = self.model.cfg
+        self.context_length = config.context_length or min(
+            cfg.max_position_embeddings, DEFAULT_CONTEXT_LENGTH
+        )
+        self.served_model_name = config.served_model_name or config.model_path
+        self.allowed_modules = frozenset(config.lora_target_modules)
+        self.registry = AdapterRegistry(config.max_loaded_loras)
+        self.scheduler = sched.Scheduler(
+            self.model,
+            self.tokenizer,
+            self.eos_token_ids,
+            self.registry,
+            max_running=config.max_running_requests,
+            context_length=self.context_length,
+            num_threads=config.num_threads,
+            prefix_reuse=config.prefix_reuse,
+            prefix_cache_slots=config.prefix_cache_slots,
+        )
+        for name, path in config.lora_paths.items():
+            self.load_adapter(name, path, pinned=True)
+        self.created = int(time.time())
+
+    def load_adapter(self, name: str, path: str, pinned: bool) -> None:
+        check_adapter_dir(path, self.config.allowed_lora_dir)
+        self.registry.reserve_check(name)
+        cfg = self.model.cfg
+        adapter = read_peft_adapter(
+            name,
+            path,
+            num_layers=cfg.num_layers,
+            module_shape={m: cfg.module_shape(m) for m in DEFAULT_TARGET_MODULES},
+            max_rank=self.config.max_lora_rank,
+            allowed_modules=self.allowed_modules,
+            dtype=self.model.dtype,
+        )
+        adapter.pinned = pinned
+        self.registry.add(adapter)
+
+    # ---- request building ---------------------------------------------------------------
+
+    def build_requests(
+        self, items: list[GenerateItem], stream: bool, text_in_logprobs: bool
+    ) -> list[sched.Request]:
+        """Validate every item, then build the requests and acquire their adapters; raises
+        ProtocolError/AdapterError. On any error, adapters acquired so far are released."""
+        vocab = self.model.cfg.vocab_size
+        specs: list[tuple[GenerateItem, list[int], Any]] = []
+        for item in items:
+            if item.input_ids is not None:
+                ids = item.input_ids
+            else:
+                ids = list(self.tokenizer(item.text or "")["input_ids"])
+            if not ids:
+                raise ProtocolError("the prompt is empty: send at least one input token")
+            if min(ids) < 0 or max(ids) >= vocab:
+                raise ProtocolError(f"input_ids must be token ids in [0, {vocab})")
+            params = item.params.to_params()
+            if len(ids) + params.max_new_tokens > self.context_length:
+                raise ProtocolError(
+                    f"the prompt ({len(ids)} tokens) plus max_new_tokens "
+                    f"({params.max_new_tokens}) exceeds the context length "
+                    f"({self.context_length} tokens); shorten the prompt or lower max_new_tokens"
+                )
+            if item.top_logprobs_num > vocab:
+                raise ProtocolError(f"top_logprobs_num must be <= {vocab}")
+            constraint = item.params.constraint()
+            if constraint is not None:
+                try:
+                    params = replace(params, grammar=self.grammars.grammar(*constraint))
+                except GrammarError as e:
+                    raise ProtocolError(str(e)) from None
+            specs.append((item, ids, params))
+        requests: list[sched.Request] = []
+        try:
+            for item, ids, params in specs:
+                base_rid = item.rid or uuid.uuid4().hex
+                for j in range(item.params.n):
+                    rid = f"{base_rid}-{j}" if item.params.n > 1 else base_rid
+                    req = sched.Request(
+                        rid=rid,
+                        input_ids=list(ids),
+                        params=params,
+                        sink=_no_sink,
+                        return_logprob=item.return_logprob,
+                        top_logprobs_num=item.top_logprobs_num if item.return_logprob else 0,
+                        return_text_in_logprobs=text_in_logprobs,
+                        stream=stream,
+                    )
+                    if params.grammar is not None:
+                        req.constraint = self.grammars.constraint(params.grammar)
+                    requests.append(req)  # before acquiring, so an error releases it
+                    if item.lora_name:
+                        req.adapter = self.registry.acquire(item.lora_name)
+        except BaseException:
+            self.release(requests)
+            raise
+        return requests
+
+    def release(self, requests: list[sched.Request]) -> None:
+        """Release the adapters of requests that never reached the scheduler."""
+        for req in requests:
+            if req.adapter is not None:
+                self.registry.release(req.adapter)
+                req.adapter = None
+
+
+def _no_sink(payload: dict[str, Any], final: bool) -> None:  # replaced before submit
+    raise RuntimeError("request submitted without a sink")

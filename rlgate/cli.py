@@ -1,0 +1,229 @@
+"""The `rlgate` command line: the group, and the commands that start or set up the product
+(`up`, `gateway`, `demo`, `migrate`, `config`, `version`). It registers the commands of
+`rlgate/cli_keys.py` (`keys`), `rlgate/cli_data.py` (`export`, `retention`),
+`trainer/cli.py` (`worker`, `train`, `adapters`) and `engine/cli.py` (`engine`).
+
+`python -m rlgate.cli gateway` (or `python -m rlgate gateway`) starts the gateway server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from core.settings import get_settings
+from rlgate import __version__
+from rlgate.cli_common import clean_errors, load_settings
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    help="TOML config file (same keys as the RLGATE_* variables, lower case, without prefix).",
+)
+def main(config_file: str | None) -> None:
+    """rlgate: an OpenAI/Anthropic-compatible gateway that lets deployed agents learn online.
+
+    Settings come from RLGATE_* environment variables and an optional TOML file;
+    `rlgate config` shows the effective values.
+    """
+    if config_file:
+        os.environ["RLGATE_CONFIG"] = config_file
+        get_settings.cache_clear()
+
+
+@main.command()
+def version() -> None:
+    """Print the rlgate version."""
+    click.echo(f"rlgate {__version__}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+@clean_errors
+def config(as_json: bool) -> None:
+    """Print the effective settings (secrets masked)."""
+    values = load_settings().masked()
+    if as_json:
+        click.echo(json.dumps(values, indent=2))
+        return
+    width = max(len(k) for k in values)
+    for key, value in values.items():
+        click.echo(f"RLGATE_{key.upper():<{width}}  {value}")
+
+
+@main.command()
+@click.option("--revision", default="head", show_default=True, help="Target revision.")
+@click.option("--downgrade", "down_to", default=None, help="Downgrade to this revision instead.")
+@clean_errors
+def migrate(revision: str, down_to: str | None) -> None:
+    """Create or upgrade the database schema (Alembic)."""
+    from core import migrate as mig
+
+    url = load_settings().effective_database_url
+    if down_to:
+        mig.downgrade(url, down_to)
+        click.echo(f"downgraded to {down_to}")
+    else:
+        mig.upgrade(url, revision)
+        click.echo(f"database at revision {mig.current(url)}")
+
+
+@main.command()
+@click.option("--minutes", type=float, default=20.0, show_default=True, help="How long to train.")
+@click.option("--port", type=int, default=8100, show_default=True, help="Gateway port.")
+@click.option("--engine-port", type=int, default=30100, show_default=True, help="Engine port.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where curve.json and curve.png go (default <data dir>/demo/out).",
+)
+@click.option("--eval-size", type=int, default=100, show_default=True, help="Held-out questions.")
+@click.option(
+    "--eval-every",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Seconds at least between held-out evaluations: the newest adapter is evaluated "
+    "after a swap once this much time has passed since the last evaluation (each one "
+    "takes engine time from training traffic).",
+)
+@click.option("--group", type=int, default=8, show_default=True, help="Answers per question (n).")
+@click.option(
+    "--concurrency",
+    type=int,
+    default=32,
+    show_default=True,
+    help="Requests in flight (the engine batches them).",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seeds the question split and order, every request's sampling seed, and the "
+    "trainer (training.seed).",
+)
+@click.option("--require-swap", is_flag=True, help="Exit 1 unless an adapter was swapped in.")
+@clean_errors
+def demo(
+    minutes: float,
+    port: int,
+    engine_port: int,
+    out: str | None,
+    eval_size: int,
+    eval_every: float,
+    group: int,
+    concurrency: int,
+    seed: int,
+    require_swap: bool,
+) -> None:
+    """Watch an agent learn arithmetic: serve, rate, train, hot-swap, evaluate.
+
+    Runs the whole embedded stack on its own database under <data dir>/demo, which each
+    run clears first (its database, adapters, spool and logs): every run starts from the
+    base model.
+    """
+    from pathlib import Path
+
+    from rlgate.demo import run_demo
+    from rlgate.demo_curve import fresh_state
+
+    base = load_settings()
+    data_dir = base.data_dir / "demo"
+    fresh_state(data_dir)  # every run starts from the base model
+    settings = base.model_copy(update={"data_dir": data_dir, "database_url": "", "broker_url": ""})
+    # reuse the converted packaged model instead of converting it again
+    models = data_dir / "models"
+    if not models.exists() and (base.data_dir / "models").is_dir():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        models.symlink_to((base.data_dir / "models").resolve())
+    run_demo(
+        settings,
+        minutes,
+        port,
+        engine_port,
+        Path(out) if out else data_dir / "out",
+        eval_size,
+        eval_every,
+        group,
+        concurrency,
+        seed,
+        require_swap,
+    )
+
+
+@main.command()
+@click.option("--host", default=None, help="Bind address (default RLGATE_GATEWAY_HOST).")
+@click.option("--port", type=int, default=None, help="Port (default RLGATE_GATEWAY_PORT).")
+@clean_errors
+def gateway(host: str | None, port: int | None) -> None:
+    """Run the gateway (OpenAI-compatible API, recording, sessions)."""
+    import uvicorn
+
+    from gateway.app import build_gateway, create_app
+
+    settings = load_settings()
+    build_gateway(settings)  # fail fast, with one line, on a bad database or model
+    host = host or settings.gateway_host
+    port = port or settings.gateway_port
+    click.echo(
+        f"rlgate gateway on http://{host}:{port}/v1 (engines: {settings.engine_urls})", err=True
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=10,
+    )
+
+
+@main.command()
+@click.option("--port", type=int, default=None, help="Gateway port (default RLGATE_GATEWAY_PORT).")
+@click.option(
+    "--engine-port", type=int, default=None, help="Engine port (default RLGATE_ENGINE_PORT)."
+)
+@click.option("--no-trainer", is_flag=True, help="Do not start the training worker.")
+@clean_errors
+def up(port: int | None, engine_port: int | None, no_trainer: bool) -> None:
+    """Run the embedded default: SQLite, embedded engine, gateway, trainer. Ctrl-C stops."""
+    from rlgate.up import run_up
+
+    settings = load_settings()
+    run_up(
+        settings,
+        port or settings.gateway_port,
+        engine_port or settings.engine_port,
+        trainer=not no_trainer,
+    )
+
+
+def _register_commands() -> None:
+    from engine.cli import engine_command
+    from rlgate.cli_data import export, retention
+    from rlgate.cli_keys import keys
+
+    main.add_command(keys)
+    main.add_command(export)
+    main.add_command(retention)
+    main.add_command(engine_command, "engine")
+    from trainer import cli as trainer_cli
+
+    for command in (
+        trainer_cli.worker_command,
+        trainer_cli.train_command,
+        trainer_cli.adapters_group,
+    ):
+        main.add_command(command)
+
+
+_register_commands()
+
+if __name__ == "__main__":
+    main()

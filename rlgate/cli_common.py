@@ -1,0 +1,56 @@
+"""What every `rlgate` command shares: one-line errors (exit status 2), the settings,
+and the migrated database."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+import click
+from sqlalchemy.exc import OperationalError, ProgrammingError
+
+from core.settings import ConfigError, Settings, get_settings
+
+
+def fail(message: str) -> None:
+    click.echo(f"rlgate: error: {message}", err=True)
+    sys.exit(2)
+
+
+def clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn configuration and database errors into one line on stderr, exit code 2."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as e:
+            fail(str(e))
+        except (OperationalError, ProgrammingError) as e:
+            reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+            fail(f"database error: {reason}")
+
+    return wrapper
+
+
+def load_settings() -> Settings:
+    try:
+        return get_settings()
+    except ConfigError:
+        raise
+    except Exception as e:  # pydantic ValidationError and TOML errors
+        raise ConfigError(f"invalid settings: {' '.join(str(e).split())}") from None
+
+
+def open_db():  # type: ignore[no-untyped-def]
+    from core.db import check_connection, make_engine, session_factory
+    from core.migrate import current
+
+    settings = load_settings()
+    engine = make_engine(settings.effective_database_url)
+    check_connection(engine)
+    if current(settings.effective_database_url) is None:
+        raise ConfigError("the database is not migrated yet; run `rlgate migrate` first")
+    return session_factory(engine)
