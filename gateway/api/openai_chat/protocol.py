@@ -21,6 +21,8 @@ class ChatRequest(Loose):
     messages: list[dict[str, Any]] = Field(min_length=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
+    # not OpenAI's, but vLLM's and SGLang's: sample from the k likeliest tokens (0 or -1: all)
+    top_k: int | None = Field(None, ge=-1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
@@ -50,7 +52,6 @@ IGNORED = {
     "prediction",
     "web_search_options",
     "modalities",
-    "top_k",
     "prompt_cache_key",
     "safety_identifier",
     "verbosity",
