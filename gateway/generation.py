@@ -150,7 +150,7 @@ def interaction_record(
 ) -> Interaction:
     """The ATDP record of one choice, with the continuation hash a follow-up call that
     extends this conversation will be stitched by (gateway.sessions)."""
-    answer = Message("assistant", c.content or "", c.tool_calls)
+    answer = Message("assistant", c.content or "", tool_calls=c.tool_calls)
     return Interaction(
         id=prep.row_id(c.index),
         project_id=prep.principal.project_id,

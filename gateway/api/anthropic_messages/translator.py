@@ -150,7 +150,7 @@ def _assistant(blocks: list[Any], where: str) -> Message:
         else:
             raise bad_request(f"{w} has unsupported content block type {kind!r}", w)
     reasoning = "\n".join(thoughts) if thoughts else None
-    return Message("assistant", "".join(texts), calls, reasoning=reasoning)
+    return Message("assistant", "".join(texts), tool_calls=calls, reasoning=reasoning)
 
 
 def _user(blocks: list[Any], where: str) -> list[Message]:

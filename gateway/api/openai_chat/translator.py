@@ -95,7 +95,15 @@ def parse_messages(raw: list[dict[str, Any]]) -> list[Message]:
             raise bad_request(
                 f"{where}.tool_call_id is required for a tool message", f"{where}.tool_call_id"
             )
-        out.append(Message(role, content, calls, tool_call_id, m.get("name")))
+        out.append(
+            Message(
+                role=role,
+                content=content,
+                tool_calls=calls,
+                tool_call_id=tool_call_id,
+                name=m.get("name"),
+            )
+        )
     return out
 
 

@@ -102,7 +102,7 @@ def parse_input(items: str | list[Any], where: str = "input") -> list[Message]:
             if out and out[-1].role == "assistant":
                 out[-1].tool_calls.append(call)
             else:
-                out.append(Message("assistant", "", [call]))
+                out.append(Message("assistant", "", tool_calls=[call]))
         elif kind == "function_call_output":
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
@@ -210,7 +210,7 @@ def history_turn(request: dict[str, Any], output: dict[str, Any]) -> list[Messag
         ToolCallOut(str(c.get("id", "")), str(c.get("name", "")), str(c.get("arguments", "{}")))
         for c in output.get("tool_calls") or []
     ]
-    msgs.append(Message("assistant", output.get("text") or "", calls, reasoning=None))
+    msgs.append(Message("assistant", output.get("text") or "", tool_calls=calls, reasoning=None))
     return msgs
 
 
