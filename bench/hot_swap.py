@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO))
 from core.db import make_engine, session_factory, transaction  # noqa: E402
 from core.migrate import upgrade  # noqa: E402
 from core.settings import Settings  # noqa: E402
-from gateway.service import ServingPolicy  # noqa: E402
+from gateway.serving import ServingPolicy  # noqa: E402
 from schemas.tables import PolicyVersionRow, ProjectRow  # noqa: E402
 from trainer.serving import publish_version  # noqa: E402
 

@@ -1,4 +1,5 @@
-"""The gateway FastAPI application: wiring and the OpenAI-compatible routes."""
+"""The gateway FastAPI application: wiring (state, middleware, error handlers, routers)
+and the operational routes (``/health``, ``/metrics``)."""
 
 from __future__ import annotations
 
@@ -14,20 +15,18 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from core.db import DB_DOWN, check_connection, make_engine, session_factory
 from core.errors import APIError
-from core.keys import create_key
 from core.migrate import current
 from core.settings import ConfigError, Settings, get_settings
-from gateway import exposure, openai_chat
-from gateway.auth import BOOTSTRAP_ADMIN_ID, Authenticator, require_kind
+from gateway import exposure
+from gateway.auth import Authenticator
 from gateway.engine_client import EngineClient
-from gateway.errors import bad_request, db_down_error, error_response
-from gateway.feedback import session_closed
+from gateway.errors import db_down_error, error_response
 from gateway.limits import BodyLimitMiddleware
 from gateway.metrics import Metrics
 from gateway.parsing import TOOL_PARSERS
@@ -35,14 +34,12 @@ from gateway.ratelimit import RateLimitMiddleware
 from gateway.recorder import Recorder
 from gateway.redaction import RedactionPolicy
 from gateway.render_pool import RenderPool
-from gateway.routing import gw_of, headers_for, principal, read_json
-from gateway.service import Pipeline, ServingPolicy, open_stream
-from gateway.sessions import SessionStore, new_session_id
+from gateway.routing import gw_of
+from gateway.service import Pipeline
+from gateway.serving import ServingPolicy
+from gateway.sessions import SessionStore
 from gateway.state import Gateway
-from gateway.storable import bounded_str
 from gateway.templating import ChatRenderer, load_tokenizer
-from schemas.coltypes import utcnow
-from schemas.tables import SessionRow
 
 log = logging.getLogger("rlgate.gateway")
 
@@ -154,48 +151,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(MetricsMiddleware)
     exposure.install_openapi(app)
 
-    @app.post("/v1/chat/completions")
-    @app.post("/chat/completions", include_in_schema=False)
-    async def chat_completions(request: Request) -> Response:
-        gw = gw_of(request)
-        p = await principal(request)
-        body = await read_json(request)
-        req = openai_chat.to_internal(body, request.headers.get("x-session-id"))
-        prep = await gw.pipeline.prepare(p, req, "chatcmpl-")
-        model = gw.settings.served_model_name
-        if req.stream:
-            events, first = await open_stream(gw.pipeline, prep)
-            return StreamingResponse(
-                openai_chat.stream_body(gw.pipeline, prep, events, first, gw.tokenizer, model),
-                media_type="text/event-stream",
-                headers={**headers_for(prep), "Cache-Control": "no-cache"},
-            )
-        completions = await gw.pipeline.run(prep)
-        await gw.pipeline.record(prep, completions)
-        body_out = openai_chat.response_body(prep, completions, gw.tokenizer, model)
-        return JSONResponse(body_out, headers=headers_for(prep))
-
-    @app.get("/v1/models")
-    @app.get("/models", include_in_schema=False)
-    async def models(request: Request) -> dict[str, Any]:
-        gw = gw_of(request)
-        await principal(request)
-        if "anthropic-version" in request.headers:  # Claude Code and the Anthropic SDK
-            from gateway.anthropic_messages import models_body
-
-            return models_body(gw.settings.served_model_name)
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": gw.settings.served_model_name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "rlgate",
-                }
-            ],
-        }
-
     @app.get("/health")
     @exposure.admin_details
     async def health(request: Request) -> JSONResponse:
@@ -231,94 +186,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             generate_latest(gw.metrics.registry), media_type="text/plain; version=0.0.4"
         )
 
-    @app.post("/v1/sessions")
-    async def create_session(request: Request) -> JSONResponse:
-        gw = gw_of(request)
-        p = await principal(request)
-        require_kind(p, "agent", "admin")
-        raw = await request.body()
-        body = await read_json(request) if raw.strip() else {}
-        if not isinstance(body, dict):
-            raise bad_request("the request body must be a JSON object")
-        meta = body.get("metadata", {})
-        if not isinstance(meta, dict):
-            raise bad_request("metadata must be an object", "metadata")
-        fields = {k: bounded_str(body, k) for k in ("task_id", "agent_name", "external_id")}
-
-        def create() -> tuple[str, str]:
-            with gw.factory() as db, db.begin():
-                now = utcnow()
-                row = SessionRow(
-                    id=new_session_id(),
-                    project_id=p.project_id,
-                    task_id=fields["task_id"],
-                    agent_name=fields["agent_name"],
-                    external_id=fields["external_id"],
-                    api_key_id=None,
-                    status="open",
-                    created_at=now,
-                    last_activity_at=now,
-                    meta=meta,
-                )
-                db.add(row)
-                db.flush()
-                key, secret = create_key(
-                    db,
-                    p.project_id,
-                    "agent",
-                    name=f"session {row.id}",
-                    session_id=row.id,
-                    parent_key_id=None if p.key_id == BOOTSTRAP_ADMIN_ID else p.key_id,
-                    actor=p.key_id,
-                )
-                row.api_key_id = key.id
-                return row.id, secret
-
-        sid, secret = await asyncio.to_thread(create)
-        return JSONResponse(
-            {
-                "id": sid,
-                "object": "session",
-                "api_key": secret,
-                "project_id": p.project_id,
-                "status": "open",
-            },
-            status_code=201,
-        )
-
-    @app.post("/v1/sessions/{session_id}/end")
-    async def end_session(session_id: str, request: Request) -> dict[str, Any]:
-        gw = gw_of(request)
-        p = await principal(request)
-        require_kind(p, "agent", "admin")
-
-        def end() -> tuple[dict[str, Any], bool]:
-            with gw.factory() as db, db.begin():
-                row = db.get(SessionRow, session_id)
-                if (
-                    row is None
-                    or row.project_id != p.project_id
-                    or (p.session_id and p.session_id != session_id)
-                ):
-                    raise APIError(404, f"no session {session_id}")
-                closed_now = row.status == "open"
-                if closed_now:
-                    row.status = "closed"
-                    row.closed_at = utcnow()
-                return {"id": row.id, "object": "session", "status": row.status}, closed_now
-
-        out, closed_now = await asyncio.to_thread(end)
-        if closed_now:  # settle credit assignment, run the project's verifiers
-            await asyncio.to_thread(session_closed, gw.factory, session_id)
-        return out
-
-    from gateway import anthropic_routes, areal_routes, feedback_routes, responses_routes
+    from gateway import areal_routes, feedback_routes, session_routes
     from gateway.admin import api as admin_api
     from gateway.admin import pages as admin_pages
+    from gateway.api import models
+    from gateway.api.anthropic_messages import router as anthropic_messages
+    from gateway.api.openai_chat import router as openai_chat
+    from gateway.api.openai_responses import router as openai_responses
 
     for mod in (
-        anthropic_routes,
-        responses_routes,
+        openai_chat,
+        models,
+        session_routes,
+        anthropic_messages,
+        openai_responses,
         feedback_routes,
         areal_routes,
         admin_pages,

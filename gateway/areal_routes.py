@@ -49,14 +49,16 @@ from core.keys import (
     hash_secret,
     new_id,
 )
-from gateway.auth import BOOTSTRAP_ADMIN_ID, Principal
+from gateway.auth import BOOTSTRAP_ADMIN_ID, Principal, require_kind
 from gateway.errors import bad_request
 from gateway.feedback import normalize, session_closed, submit_feedback
 from gateway.routing import gw_of, principal, read_json
-from gateway.sessions import new_session_id
+from gateway.sessions import open_session
 from gateway.storable import bounded_str
 from gateway.waits import locate, until_committed
+from schemas.atdp import ClientProtocol
 from schemas.coltypes import utcnow
+from schemas.convert import to_row
 from schemas.tables import ApiKeyRow, InteractionRow, SessionRow
 
 router = APIRouter()
@@ -77,8 +79,10 @@ async def _body(request: Request) -> dict[str, Any]:
 async def start_session(request: Request) -> dict[str, Any]:
     gw = gw_of(request)
     p = await principal(request)
-    if p.kind not in ("admin", "agent") or p.session_id is not None:
-        raise APIError(403, "start_session needs the admin key (or a project agent key)")
+    refused = "start_session needs the admin key (or a project agent key)"
+    require_kind(p, "admin", "agent", message=refused)
+    if p.session_id is not None:  # a session key does not start sessions
+        raise APIError(403, refused)
     body = await _body(request)
     task_id = bounded_str(body, "task_id")  # sessions.task_id is String(200)
     wanted = body.get("api_key")
@@ -102,7 +106,6 @@ async def start_session(request: Request) -> dict[str, Any]:
         ended: str | None = None
         with gw.factory() as db, db.begin():
             now = utcnow()
-            sid = new_session_id()
             key: ApiKeyRow | None = None
             if wanted is not None:
                 if admin_secret and wanted == admin_secret:
@@ -116,18 +119,16 @@ async def start_session(request: Request) -> dict[str, Any]:
                     raise APIError(
                         409, "this api_key is not a session key of this project", param="api_key"
                     )
-            session = SessionRow(
-                id=sid,
-                project_id=p.project_id,
-                task_id=task_id,
-                agent_name="areal",
-                client_protocol="areal",
-                api_key_id=None,
-                status="open",
-                created_at=now,
-                last_activity_at=now,
-                meta=meta,
+            session = to_row(
+                open_session(
+                    p.project_id,
+                    client_protocol=ClientProtocol.areal,
+                    agent_name="areal",
+                    task_id=task_id,
+                    metadata=meta,
+                )
             )
+            sid = session.id
             db.add(session)
             db.flush()
             if key is not None:  # refresh: end the key's session, rebind the key

@@ -93,8 +93,21 @@ class Authenticator:
         self._cache.clear()
 
 
-def require_kind(principal: Principal, *kinds: str) -> None:
+def require_kind(principal: Principal, *kinds: str, message: str | None = None) -> None:
+    """403 unless the caller's key is of one of ``kinds`` (``message`` says why)."""
     if principal.kind not in kinds:
         raise APIError(
-            403, f"this endpoint needs a key of kind {' or '.join(kinds)}, not {principal.kind}"
+            403,
+            message
+            or f"this endpoint needs a key of kind {' or '.join(kinds)}, not {principal.kind}",
         )
+
+
+def require_model_key(principal: Principal) -> None:
+    """Model calls need an agent or admin key; a feedback key rates, it does not call."""
+    require_kind(
+        principal,
+        "agent",
+        "admin",
+        message=f"a {principal.kind} key cannot call models; use an agent key",
+    )

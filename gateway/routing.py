@@ -13,7 +13,7 @@ from gateway.errors import bad_request
 from gateway.storable import check_body, too_deep
 
 if TYPE_CHECKING:
-    from gateway.service import Prepared
+    from gateway.generation import Prepared
     from gateway.state import Gateway
 
 

@@ -11,132 +11,36 @@ import contextlib
 import logging
 import secrets
 import time
-from collections import defaultdict
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
-
-from core.db import DB_DOWN, STALE_IF_DOWN_S
 from core.errors import APIError
-from gateway.auth import Principal
+from gateway.auth import Principal, require_model_key
 from gateway.engine_client import EngineClient
-from gateway.errors import bad_request, db_down_error
+from gateway.errors import bad_request
+from gateway.generation import (
+    Prepared,
+    StreamEvent,
+    aborted_completion,
+    engine_completion,
+    engine_payload,
+    interaction_record,
+    top_logprobs,
+)
 from gateway.metrics import Metrics
-from gateway.parsing import TOOL_PARSERS, StreamingParser, parse_output
+from gateway.parsing import TOOL_PARSERS, StreamingParser
 from gateway.recorder import Recorder
 from gateway.redaction import RedactionPolicy
 from gateway.render_pool import RenderPool
-from gateway.request import Completion, GenerationRequest, Message, ToolCallOut
-from gateway.sessions import SessionContext, SessionStore, conversation_hash
+from gateway.request import Completion, GenerationRequest
+from gateway.serving import Leases, ServingPolicy
+from gateway.sessions import SessionStore
 from gateway.templating import ChatRenderer, check_prompt_chars
-from schemas.atdp import Interaction
 from schemas.coltypes import utcnow
-from schemas.tables import PolicyVersionRow
+
+__all__ = ["Pipeline", "Prepared", "StreamEvent", "open_stream", "replay"]
 
 log = logging.getLogger("rlgate.gateway")
-
-
-class Leases:
-    """Requests in flight per adapter name; an unload of a version waits for zero."""
-
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = defaultdict(int)
-        self._cond = asyncio.Condition()
-
-    async def acquire(self, name: str) -> None:
-        async with self._cond:
-            self.counts[name] += 1
-
-    async def release(self, name: str) -> None:
-        async with self._cond:
-            self.counts[name] -= 1
-            if self.counts[name] <= 0:
-                del self.counts[name]
-            self._cond.notify_all()
-
-    async def wait_released(self, name: str, timeout: float = 600.0) -> None:
-        async with self._cond:
-            await asyncio.wait_for(
-                self._cond.wait_for(lambda: self.counts.get(name, 0) == 0), timeout
-            )
-
-
-class ServingPolicy:
-    """Which adapter serves a project now (``policy_versions.status == 'serving'``)."""
-
-    def __init__(self, factory: sessionmaker[Session], ttl_s: float = 0.5) -> None:
-        self.ttl_s = ttl_s
-        self.factory = factory
-        self._cache: dict[str, tuple[float, str | None]] = {}
-
-    def invalidate(self) -> None:
-        self._cache.clear()
-
-    def cached(self, project_id: str) -> tuple[bool, str | None]:
-        """(fresh, adapter) from the cache alone, for the hot path."""
-        hit = self._cache.get(project_id)
-        if hit and time.monotonic() - hit[0] < self.ttl_s:
-            return True, hit[1]
-        return False, None
-
-    def adapter_for(self, project_id: str) -> str | None:
-        now = time.monotonic()
-        hit = self._cache.get(project_id)
-        if hit and now - hit[0] < self.ttl_s:
-            return hit[1]
-        try:
-            with self.factory() as db:
-                name = db.scalars(
-                    select(PolicyVersionRow.name)
-                    .where(
-                        PolicyVersionRow.project_id == project_id,
-                        PolicyVersionRow.status == "serving",
-                    )
-                    .order_by(PolicyVersionRow.version.desc())
-                    .limit(1)
-                ).first()
-        except DB_DOWN:  # keep serving the version last read while the database is down
-            if hit and now - hit[0] < STALE_IF_DOWN_S:
-                return hit[1]
-            raise db_down_error() from None
-        self._cache[project_id] = (now, name)
-        return name
-
-
-@dataclass
-class Prepared:
-    principal: Principal
-    req: GenerationRequest
-    session: SessionContext
-    prompt_ids: list[int]
-    adapter: str | None
-    max_tokens: int
-    interaction_id: str
-    started: float = field(default_factory=time.monotonic)
-    ttft_ms: float | None = None
-    engine_url: str | None = None
-
-    @property
-    def policy_version(self) -> str:
-        return self.adapter or "base"
-
-    def row_id(self, index: int) -> str:
-        return self.interaction_id if self.req.sampling.n == 1 else f"{self.interaction_id}.{index}"
-
-
-@dataclass
-class StreamEvent:
-    index: int
-    content: str = ""
-    reasoning: str = ""
-    tool_calls: list[ToolCallOut] = field(default_factory=list)
-    new_ids: list[int] = field(default_factory=list)
-    new_logprobs: list[float] = field(default_factory=list)
-    new_top: list[list[tuple[int, float]]] = field(default_factory=list)
-    finished: Completion | None = None
 
 
 async def open_stream(pipeline: Pipeline, prep: Prepared) -> tuple[Any, StreamEvent | None]:
@@ -166,13 +70,6 @@ async def replay(first: StreamEvent | None, events: Any) -> AsyncIterator[Stream
             yield first
         async for ev in events:
             yield ev
-
-
-def _top(meta: dict[str, Any], start: int = 0) -> list[list[tuple[int, float]]] | None:
-    tops = meta.get("output_top_logprobs")
-    if not tops:
-        return None
-    return [[(int(t[1]), float(t[0])) for t in (pos or [])] for pos in tops[start:]]
 
 
 class Pipeline:
@@ -234,8 +131,7 @@ class Pipeline:
         return ids
 
     async def prepare(self, p: Principal, req: GenerationRequest, prefix: str) -> Prepared:
-        if p.kind not in ("agent", "admin"):
-            raise APIError(403, f"a {p.kind} key cannot call models; use an agent key")
+        require_model_key(p)
         self.recorder.admit()  # 503 while the recording backlog is over its cap
         ids = await self.prompt_ids(req)
         ctx_len = self.renderer.context_length
@@ -266,33 +162,14 @@ class Pipeline:
         if not fresh:
             adapter = await asyncio.to_thread(self.serving.adapter_for, p.project_id)
         return Prepared(
-            p, req, session, ids, adapter, max_tokens, f"{prefix}{secrets.token_hex(12)}"
+            principal=p,
+            req=req,
+            session=session,
+            prompt_ids=ids,
+            adapter=adapter,
+            max_tokens=max_tokens,
+            interaction_id=f"{prefix}{secrets.token_hex(12)}",
         )
-
-    def _payload(self, prep: Prepared, index: int, stream: bool) -> dict[str, Any]:
-        s = prep.req.sampling
-        params: dict[str, Any] = {
-            "max_new_tokens": prep.max_tokens,
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "top_k": s.top_k,
-            "skip_special_tokens": True,
-        }
-        if s.stop:
-            params["stop"] = s.stop
-        if s.seed is not None:
-            params["seed"] = s.seed + index
-        if s.json_schema is not None:
-            params["json_schema"] = s.json_schema
-        return {
-            "input_ids": prep.prompt_ids,
-            "sampling_params": params,
-            "return_logprob": True,
-            "top_logprobs_num": s.top_logprobs if s.logprobs else 0,
-            "stream": stream,
-            "rid": f"{prep.row_id(index)}-{secrets.token_hex(4)}",
-            "lora_path": prep.adapter,
-        }
 
     def _parser_name(self, prep: Prepared) -> str | None:
         if not prep.req.tools or prep.req.tool_choice == "none":
@@ -300,30 +177,7 @@ class Pipeline:
         return self.tool_parser
 
     def _completion(self, prep: Prepared, index: int, out: dict[str, Any]) -> Completion:
-        prompt_len = len(prep.prompt_ids)
-        meta = out.get("meta_info", {})
-        ids = [int(i) for i in out.get("output_ids", [])]
-        lps = [float(t[0]) for t in meta.get("output_token_logprobs", [])]
-        if len(lps) != len(ids):
-            raise APIError(503, "the engine returned logprobs that do not match its tokens")
-        text = out.get("text", "")
-        content, reasoning, calls = parse_output(text, self._parser_name(prep), self.reasoning)
-        fr = (meta.get("finish_reason") or {}).get("type", "stop")
-        if calls and fr == "stop":
-            fr = "tool_calls"
-        return Completion(
-            index,
-            ids,
-            lps,
-            _top(meta),
-            text,
-            content,
-            reasoning,
-            calls,
-            fr,
-            int(meta.get("prompt_tokens", prompt_len)),
-            int(meta.get("cached_tokens", 0) or 0),
-        )
+        return engine_completion(prep, index, out, self._parser_name(prep), self.reasoning)
 
     # ---- generation ------------------------------------------------------------------
 
@@ -358,7 +212,7 @@ class Pipeline:
             affinity = prep.session.session_id
             results = await asyncio.gather(
                 *[
-                    self.engines.generate(self._payload(prep, i, False), affinity)
+                    self.engines.generate(engine_payload(prep, i, False), affinity)
                     for i in range(prep.req.sampling.n)
                 ]
             )
@@ -385,7 +239,7 @@ class Pipeline:
             state = partial.setdefault(index, {"ids": [], "lps": [], "text": "", "top": []})
             last: dict[str, Any] = {}
             async with self.engines.stream(
-                self._payload(prep, index, True), prep.session.session_id
+                engine_payload(prep, index, True), prep.session.session_id
             ) as (chunks, url):
                 prep.engine_url = url
                 async for chunk in chunks:
@@ -396,7 +250,7 @@ class Pipeline:
                     new_ids = [int(i) for i in ids[start:]]
                     lps = meta.get("output_token_logprobs", [])
                     new_lps = [float(t[0]) for t in lps[start:]]
-                    new_top = _top(meta, start) or []
+                    new_top = top_logprobs(meta, start) or []
                     text = chunk.get("text", "")
                     delta = text[len(state["text"]) :] if text.startswith(state["text"]) else ""
                     state.update(text=text)
@@ -409,13 +263,13 @@ class Pipeline:
                     if d.content or d.reasoning or d.tool_calls or new_ids:
                         await queue.put(
                             StreamEvent(
-                                index,
-                                d.content,
-                                d.reasoning,
-                                d.tool_calls,
-                                new_ids,
-                                new_lps,
-                                new_top,
+                                index=index,
+                                content=d.content,
+                                reasoning=d.reasoning,
+                                tool_calls=d.tool_calls,
+                                new_ids=new_ids,
+                                new_logprobs=new_lps,
+                                new_top=new_top,
                             )
                         )
             tail = parser.feed("", final=True)
@@ -425,7 +279,13 @@ class Pipeline:
             done.logprobs = state["lps"]
             done.top_logprobs = state["top"] or None
             await queue.put(
-                StreamEvent(index, tail.content, tail.reasoning, tail.tool_calls, finished=done)
+                StreamEvent(
+                    index=index,
+                    content=tail.content,
+                    reasoning=tail.reasoning,
+                    tool_calls=tail.tool_calls,
+                    finished=done,
+                )
             )
 
         async def runner(index: int) -> None:
@@ -476,73 +336,46 @@ class Pipeline:
             await self.leases.release(prep.adapter)
         self.metrics.in_flight.dec()
         if len(finished) < n and partial:  # the client went away: record what it got
-            aborted = []
-            for i in range(n):
-                if i in finished:
-                    aborted.append(finished[i])
-                    continue
-                st = partial.get(i, {"ids": [], "lps": [], "text": "", "top": []})
-                aborted.append(
-                    Completion(
-                        i,
-                        st["ids"],
-                        st["lps"],
-                        st["top"] or None,
-                        st["text"],
-                        st["text"],
-                        None,
-                        [],
-                        "abort",
-                        len(prep.prompt_ids),
-                    )
-                )
+            empty = {"ids": [], "lps": [], "text": "", "top": []}
+            aborted = [
+                finished[i] if i in finished else aborted_completion(prep, i, partial.get(i, empty))
+                for i in range(n)
+            ]
             await self.record(prep, aborted)
 
     # ---- after generation ------------------------------------------------------------
 
+    async def complete(
+        self, prep: Prepared, on_recorded: Callable[[list[Completion]], None] | None = None
+    ) -> list[Completion]:
+        """A call without streaming: generate every choice, record them, then the hook."""
+        completions = await self.run(prep)
+        await self.record(prep, completions)
+        if on_recorded is not None:
+            on_recorded(completions)
+        return completions
+
+    async def finish_stream(
+        self,
+        prep: Prepared,
+        finished: list[Completion],
+        on_recorded: Callable[[list[Completion]], None] | None = None,
+    ) -> None:
+        """The hook for a stream's last event: record its choices, then ``on_recorded``;
+        the API's translator sends the stream's end only after this returns."""
+        await self.record(prep, finished)
+        if on_recorded is not None:
+            on_recorded(finished)
+
     async def record(self, prep: Prepared, completions: list[Completion]) -> None:
-        """Durably record every choice; returns once they are safe (spool fsync)."""
+        """Durably record every choice; returns once they are safe (spool fsync). Called
+        only from this module: a finished call, a finished stream, an aborted stream."""
         now = utcnow()
         latency = (time.monotonic() - prep.started) * 1000
         group = prep.interaction_id if len(completions) > 1 else None
         records = []
         for c in completions:
-            answer = Message("assistant", c.content or "", c.tool_calls)
-            cont = conversation_hash([*prep.req.messages, answer])
-            rec = Interaction(
-                id=prep.row_id(c.index),
-                project_id=prep.principal.project_id,
-                session_id=prep.session.session_id,
-                seq=0,
-                parent_id=prep.session.parent_id,
-                group_id=group,
-                choice_index=c.index,
-                request=prep.req.raw,
-                prompt_token_ids=prep.prompt_ids,
-                completion_token_ids=c.output_ids,
-                completion_logprobs=c.logprobs,
-                temperature=prep.req.sampling.temperature,
-                top_p=prep.req.sampling.top_p,
-                policy_version=prep.policy_version,
-                finish_reason=c.finish_reason,
-                output={
-                    "text": c.content,
-                    "reasoning": c.reasoning,
-                    "tool_calls": [
-                        {"id": t.id, "name": t.name, "arguments": t.arguments} for t in c.tool_calls
-                    ],
-                },
-                usage={
-                    "prompt_tokens": len(prep.prompt_ids),
-                    "completion_tokens": len(c.output_ids),
-                    "cached_tokens": c.cached_tokens,
-                },
-                latency_ms=latency,
-                ttft_ms=prep.ttft_ms if prep.ttft_ms is not None else latency,
-                engine_url=prep.engine_url,
-                created_at=now,
-                continuation_hash=cont,
-            )
+            rec = interaction_record(prep, c, now=now, latency_ms=latency, group=group)
             records.append(
                 {"interaction": rec.model_dump(mode="json"), "session": prep.session.new_row}
             )
@@ -552,7 +385,7 @@ class Pipeline:
                     prep.principal.key_id,
                     prep.session.session_id,
                     rec.id,
-                    cont,
+                    rec.continuation_hash,
                 )
             self.metrics.completion_tokens.inc(len(c.output_ids))
         self.metrics.prompt_tokens.inc(len(prep.prompt_ids))

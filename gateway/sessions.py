@@ -30,6 +30,7 @@ from gateway.auth import Principal
 from gateway.request import Message
 from gateway.storable import check_session_fields
 from schemas.atdp import Session as AtdpSession
+from schemas.atdp import SessionStatus
 from schemas.coltypes import utcnow
 from schemas.tables import InteractionRow, SessionRow
 
@@ -38,6 +39,35 @@ log = logging.getLogger("rlgate.sessions")
 
 def new_session_id() -> str:
     return "sess_" + secrets.token_hex(12)
+
+
+def open_session(
+    project_id: str,
+    *,
+    api_key_id: str | None = None,
+    client_protocol: str | None = None,
+    external_id: str | None = None,
+    agent_name: str | None = None,
+    task_id: str | None = None,
+    metadata: dict | None = None,
+) -> AtdpSession:
+    """A new open session, as its ATDP record: every way a session begins starts here (a
+    call's first turn, ``POST /v1/sessions``, AReaL's ``/rl/start_session``). The caller
+    stores it: with the call's records (SessionStore), or as a row (schemas.convert.to_row)."""
+    now = utcnow()
+    return AtdpSession(
+        id=new_session_id(),
+        project_id=project_id,
+        api_key_id=api_key_id,
+        client_protocol=client_protocol,
+        external_id=external_id,
+        agent_name=agent_name,
+        task_id=task_id,
+        status=SessionStatus.open,
+        created_at=now,
+        last_activity_at=now,
+        metadata=metadata or {},
+    )
 
 
 def _canon_args(arguments: str) -> object:
@@ -165,17 +195,12 @@ class SessionStore:
     def _create(
         self, p: Principal, protocol: str, external_id: str | None, agent: str | None
     ) -> SessionContext:
-        now = utcnow()
-        row = AtdpSession(
-            id=new_session_id(),
-            project_id=p.project_id,
+        row = open_session(
+            p.project_id,
             api_key_id=p.key_id,
             client_protocol=protocol,
             external_id=external_id,
             agent_name=agent,
-            status="open",
-            created_at=now,
-            last_activity_at=now,
         ).model_dump(mode="json")
         with self.lock:
             self.pending[row["id"]] = row
@@ -255,7 +280,7 @@ class SessionStore:
         with self.factory() as db:
             if p.session_id:  # (a) per-session key
                 row = db.get(SessionRow, p.session_id)
-                if row is None or row.status != "open":
+                if row is None or row.status != SessionStatus.open:
                     raise APIError(
                         403,
                         f"session {p.session_id} is closed; start a new one with POST /v1/sessions",
@@ -276,7 +301,7 @@ class SessionStore:
                     .where(
                         SessionRow.project_id == p.project_id,
                         SessionRow.external_id == external_id,
-                        SessionRow.status == "open",
+                        SessionRow.status == SessionStatus.open,
                     )
                     .order_by(SessionRow.created_at.desc())
                     .limit(1)
@@ -296,7 +321,7 @@ class SessionStore:
                 row = db.get(SessionRow, hit[0])
                 if (
                     row is not None
-                    and row.status == "open"
+                    and row.status == SessionStatus.open
                     and (utcnow() - row.last_activity_at <= self.idle)
                 ):
                     return SessionContext(row.id, hit[1], False)
@@ -311,12 +336,14 @@ class SessionStore:
         with self.factory() as db, db.begin():
             rows = db.scalars(
                 select(SessionRow)
-                .where(SessionRow.status == "open", SessionRow.last_activity_at < cutoff)
+                .where(
+                    SessionRow.status == SessionStatus.open, SessionRow.last_activity_at < cutoff
+                )
                 .limit(1000)
             ).all()
             now = utcnow()
             for row in rows:
-                row.status = "expired"
+                row.status = SessionStatus.expired
                 row.closed_at = now
             ids = [row.id for row in rows]
         for sid in ids:

@@ -63,9 +63,9 @@ def _body_schema(model: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def with_bodies(doc: dict[str, Any]) -> dict[str, Any]:
-    from gateway.anthropic_messages import MessagesRequest
-    from gateway.openai_chat import ChatRequest
-    from gateway.openai_responses import ResponsesRequest
+    from gateway.api.anthropic_messages.protocol import MessagesRequest
+    from gateway.api.openai_chat.protocol import ChatRequest
+    from gateway.api.openai_responses.protocol import ResponsesRequest
 
     doc = copy.deepcopy(doc)
     comps = doc.setdefault("components", {}).setdefault("schemas", {})

@@ -17,7 +17,9 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from gateway import anthropic_messages as am
+from gateway.api.anthropic_messages import translator as am
+from gateway.api.anthropic_messages.stream import MessagesStream
+from gateway.api.base import write_stream
 from gateway.auth import Principal
 from gateway.request import Completion, ToolCallOut
 from gateway.service import Prepared, StreamEvent
@@ -397,28 +399,28 @@ def _prep(**sampling) -> Prepared:  # type: ignore[no-untyped-def]
         {"model": "m", "max_tokens": 50, "messages": OK, "tools": [ADD_TOOL], **sampling}, None
     )
     return Prepared(
-        Principal("k", "p", "agent"),
-        req,
-        SessionContext("s", None, False),
-        [1, 2, 3],
-        None,
-        50,
-        "msg_x",
+        principal=Principal("k", "p", "agent"),
+        req=req,
+        session=SessionContext("s", None, False),
+        prompt_ids=[1, 2, 3],
+        adapter=None,
+        max_tokens=50,
+        interaction_id="msg_x",
     )
 
 
 def _completion(content, calls, reason="tool_calls", ids=(5, 6, 2), text=None):  # type: ignore[no-untyped-def]
     return Completion(
-        0,
-        list(ids),
-        [-0.1] * len(ids),
-        None,
-        text if text is not None else (content or ""),
-        content,
-        None,
-        calls,
-        reason,
-        3,
+        index=0,
+        output_ids=list(ids),
+        logprobs=[-0.1] * len(ids),
+        top_logprobs=None,
+        text=text if text is not None else (content or ""),
+        content=content,
+        reasoning=None,
+        tool_calls=calls,
+        finish_reason=reason,
+        prompt_tokens=3,
     )
 
 
@@ -454,14 +456,15 @@ async def _collect(prep, events):  # type: ignore[no-untyped-def]
         recorded: list = []
         renderer = SimpleNamespace(context_length=2048)
 
-        async def record(self, prep, completions):  # type: ignore[no-untyped-def]
+        async def finish_stream(self, prep, completions, on_recorded):  # type: ignore[no-untyped-def]
             self.recorded.extend(completions)
 
     async def gen():  # type: ignore[no-untyped-def]
         for ev in events[1:]:
             yield ev
 
-    chunks = [b async for b in am.stream_body(_P(), prep, gen(), events[0], _Tok(), "policy")]
+    writer = MessagesStream(prep, _Tok(), "policy", 2048)
+    chunks = [b async for b in write_stream(_P(), prep, gen(), events[0], writer)]
     return b"".join(chunks).decode()
 
 

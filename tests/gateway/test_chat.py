@@ -125,3 +125,30 @@ def test_logprobs_in_openai_format(stack):
         assert len(entry.top_logprobs) == 3
         # greedy: the sampled token is the most likely one
         assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-5)
+
+
+def test_top_k_is_honoured(stack):
+    """``top_k`` (vLLM's and SGLang's extension) reaches the engine: with k = 1, sampling
+    at temperature 1 gives the greedy answer; 0 and -1 mean off; below -1 is a 400."""
+    from gateway.api.openai_chat.translator import to_internal
+
+    body = {"messages": Q}
+    assert to_internal({**body, "top_k": 5}, None).sampling.top_k == 5
+    assert to_internal({**body, "top_k": 0}, None).sampling.top_k == -1
+    assert to_internal(body, None).sampling.top_k == -1
+
+    client = stack.client()
+    greedy = client.chat.completions.create(
+        model="m", messages=Q, temperature=0, max_tokens=12
+    ).choices[0]
+    for seed in (1, 2):
+        k1 = client.chat.completions.create(
+            model="m", messages=Q, temperature=1, max_tokens=12, seed=seed, extra_body={"top_k": 1}
+        ).choices[0]
+        assert k1.message.content == greedy.message.content
+    r = httpx.post(
+        stack.gw.url + "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {stack.key()}"},
+        json={"model": "m", "messages": Q, "top_k": -2},
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_k"

@@ -12,7 +12,9 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from gateway import openai_responses as oresp
+from gateway.api.base import write_stream
+from gateway.api.openai_responses import translator as oresp
+from gateway.api.openai_responses.stream import ResponsesStream
 from gateway.auth import Principal
 from gateway.request import Completion, ToolCallOut
 from gateway.service import Prepared, StreamEvent
@@ -365,19 +367,34 @@ def _prep() -> Prepared:
         oresp.parse({"input": "hi", "tools": [ADD_TOOL]}), {"input": "hi"}, [], None
     )
     return Prepared(
-        Principal("k", "p", "agent"),
-        req,
-        SessionContext("s", None, False),
-        [1, 2, 3],
-        None,
-        50,
-        "resp_x",
+        principal=Principal("k", "p", "agent"),
+        req=req,
+        session=SessionContext("s", None, False),
+        prompt_ids=[1, 2, 3],
+        adapter=None,
+        max_tokens=50,
+        interaction_id="resp_x",
+    )
+
+
+def _done(ids, lps, text, content, reasoning, calls, prompt_tokens):  # type: ignore[no-untyped-def]
+    return Completion(
+        index=0,
+        output_ids=ids,
+        logprobs=lps,
+        top_logprobs=None,
+        text=text,
+        content=content,
+        reasoning=reasoning,
+        tool_calls=calls,
+        finish_reason="tool_calls",
+        prompt_tokens=prompt_tokens,
     )
 
 
 def test_translator_function_call_output():
     call = ToolCallOut("call_1", "add", '{"a": 2, "b": 3}')
-    c = Completion(0, [5, 6], [-0.1, -0.2], None, "x", None, None, [call], "tool_calls", 3)
+    c = _done([5, 6], [-0.1, -0.2], "x", None, None, [call], 3)
     body = oresp.response_body(_prep(), c, "policy")
     resp = openai.types.responses.Response.model_validate(body)
     (item,) = resp.output
@@ -388,7 +405,7 @@ def test_translator_function_call_output():
 
 def test_translator_stream_events_validate_against_the_sdk():
     call = ToolCallOut("call_1", "add", '{"a": 1, "b": 2}')
-    done = Completion(0, [5, 6, 7], [-0.1] * 3, None, "", "Hi", "hmm", [call], "tool_calls", 3)
+    done = _done([5, 6, 7], [-0.1] * 3, "", "Hi", "hmm", [call], 3)
     events = [
         StreamEvent(0, reasoning="hmm", new_ids=[5]),
         StreamEvent(0, content="H", new_ids=[6]),
@@ -397,7 +414,7 @@ def test_translator_stream_events_validate_against_the_sdk():
     ]
 
     class _P:
-        async def record(self, prep, completions):  # type: ignore[no-untyped-def]
+        async def finish_stream(self, prep, completions, on_recorded):  # type: ignore[no-untyped-def]
             pass
 
     async def run() -> str:
@@ -405,7 +422,9 @@ def test_translator_stream_events_validate_against_the_sdk():
             for ev in events[1:]:
                 yield ev
 
-        out = [b async for b in oresp.stream_body(_P(), _prep(), gen(), events[0], "policy")]
+        prep = _prep()
+        writer = ResponsesStream(prep, "policy")
+        out = [b async for b in write_stream(_P(), prep, gen(), events[0], writer)]
         return b"".join(out).decode()
 
     text = run_in_fresh_loop(run())
@@ -427,10 +446,16 @@ def test_translator_namespace_calls_carry_the_namespace():
     req = oresp.to_internal(oresp.parse(body), body, [], None)
     assert [t.name for t in req.tools] == ["add", "spawn_agent"]
     prep = Prepared(
-        Principal("k", "p", "agent"), req, SessionContext("s", None, False), [1], None, 9, "r"
+        principal=Principal("k", "p", "agent"),
+        req=req,
+        session=SessionContext("s", None, False),
+        prompt_ids=[1],
+        adapter=None,
+        max_tokens=9,
+        interaction_id="r",
     )
     calls = [ToolCallOut("c1", "add", "{}"), ToolCallOut("c2", "spawn_agent", '{"message": "x"}')]
-    done = Completion(0, [5], [-0.1], None, "", None, None, calls, "tool_calls", 1)
+    done = _done([5], [-0.1], "", None, None, calls, 1)
     resp = openai.types.responses.Response.model_validate(oresp.response_body(prep, done, "m"))
     assert [(o.name, o.namespace) for o in resp.output] == [
         ("add", None),
@@ -438,7 +463,7 @@ def test_translator_namespace_calls_carry_the_namespace():
     ]
 
     class _P:
-        async def record(self, prep, completions):  # type: ignore[no-untyped-def]
+        async def finish_stream(self, prep, completions, on_recorded):  # type: ignore[no-untyped-def]
             pass
 
     async def run() -> str:
@@ -447,7 +472,8 @@ def test_translator_namespace_calls_carry_the_namespace():
                 yield None
 
         ev = StreamEvent(0, tool_calls=calls, finished=done)
-        return b"".join([b async for b in oresp.stream_body(_P(), prep, gen(), ev, "m")]).decode()
+        chunks = write_stream(_P(), prep, gen(), ev, ResponsesStream(prep, "m"))
+        return b"".join([b async for b in chunks]).decode()
 
     datas = [json.loads(x[6:]) for x in run_in_fresh_loop(run()).splitlines() if x[:6] == "data: "]
     from pydantic import TypeAdapter

@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy.exc import DataError, IntegrityError, InterfaceError, OperationalError
 
 from core.errors import APIError
+from gateway.api.openai_responses.store import ResponseStore
 from gateway.dead_letters import refused_for_content
 from gateway.request import Message, ToolCallOut
-from gateway.responses_routes import ResponseStore
 from gateway.sessions import conversation_hash, prefix_hashes
 from gateway.storable import MAX_DEPTH, bounded_str, check_body, check_session_fields
 

@@ -1,0 +1,97 @@
+"""Anthropic Messages: the request model and the shapes of the answers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import Field
+
+from gateway.api.base import Loose
+
+# blocks the served model cannot read (it reads text)
+MEDIA_BLOCKS = ("image", "document", "search_result", "container_upload")
+INVALID = "{loc}: {msg}"  # Anthropic's wording of a validation error
+
+
+class MessagesRequest(Loose):
+    model: str = Field(min_length=1)
+    messages: list[Any] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    system: str | list[Any] | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    stream: bool = False
+    tools: list[Any] | None = None
+    tool_choice: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
+
+
+# accepted and ignored: they do not change what the model generates here
+IGNORED = {
+    "service_tier",
+    "container",
+    "context_management",
+    "mcp_servers",
+    "cache_control",
+    "inference_geo",
+    "speed",
+    "diagnostics",
+    "workspace_id",
+    "user_profile_id",
+    "billing_policy",
+    "fallbacks",
+    "fallback_credit_token",
+    "betas",
+}
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A tool call's arguments as the object ``tool_use.input`` must be."""
+    try:
+        value = json.loads(arguments) if arguments else {}
+    except json.JSONDecodeError:
+        return {"arguments": arguments}
+    return value if isinstance(value, dict) else {"arguments": value}
+
+
+def usage_json(input_tokens: int, output_tokens: int, cached: int = 0) -> dict[str, Any]:
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+    }
+
+
+def message_json(
+    mid: str, model: str, content: list[dict[str, Any]], usage: dict[str, Any], **stop: Any
+) -> dict[str, Any]:
+    """A ``message`` object (``stop`` holds stop_reason and stop_sequence)."""
+    return {
+        "id": mid,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop.get("stop_reason"),
+        "stop_sequence": stop.get("stop_sequence"),
+        "usage": usage,
+    }
+
+
+# ---- models -------------------------------------------------------------------------
+
+MODEL_CREATED_AT = "2025-01-01T00:00:00Z"
+
+
+def model_entry(name: str) -> dict[str, Any]:
+    return {"type": "model", "id": name, "display_name": name, "created_at": MODEL_CREATED_AT}
+
+
+def models_body(name: str) -> dict[str, Any]:
+    return {"data": [model_entry(name)], "has_more": False, "first_id": name, "last_id": name}

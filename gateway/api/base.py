@@ -1,0 +1,318 @@
+"""What the three API translators share: request validation and its error messages,
+unknown-field rejection, tool-name and tool-schema checks, SSE encoding, the model-key
+check, and the one way a call is answered (``respond``: JSON, or a stream driven through an
+API's ``StreamWriter`` by ``write_stream``)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import jsonschema
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from core.errors import APIError
+from gateway.auth import Principal, require_model_key
+from gateway.errors import bad_request
+from gateway.request import Completion, GenerationRequest, Message, Sampling, Tool
+from gateway.routing import gw_of, headers_for, principal, read_json
+from gateway.service import Prepared, StreamEvent, open_stream, replay
+from gateway.state import Gateway
+
+__all__ = ["require_model_key"]
+
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+OPENAI_INVALID = "invalid value for '{loc}': {msg}"
+
+M = TypeVar("M", bound=BaseModel)
+Hook = Callable[[list[Completion]], None]
+
+
+class Loose(BaseModel):
+    """A request model that keeps unknown fields (``model_extra``) for ``reject_unknown``."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# ---- requests ----------------------------------------------------------------------
+
+
+def validate(model: type[M], body: Any, message: str = OPENAI_INVALID) -> M:
+    """The body as ``model``; a 400 naming the first invalid field otherwise (``message``
+    is formatted with its ``loc`` and pydantic's ``msg``)."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise bad_request(message.format(loc=loc, msg=err["msg"]), loc) from None
+
+
+def reject_unknown(
+    req: Loose, ignored: set[str], refused: dict[str, tuple[str, str]] | None = None
+) -> None:
+    """A 400 for a field the API model does not know and ``ignored`` does not list:
+    ``refused`` names fields with their own message (and param), the rest are listed."""
+    unknown = set(req.model_extra or {}) - ignored
+    for name, (message, param) in (refused or {}).items():
+        if name in unknown:
+            raise bad_request(message, param)
+    if unknown:
+        names = sorted(unknown)
+        raise bad_request(f"unsupported parameter(s): {', '.join(names)}", names[0])
+
+
+def join_parts(raw: Any, where: str, part_text: Callable[[Any, str], str]) -> str:
+    """OpenAI message content as text: a string as it is (None is empty), or its content
+    parts read by ``part_text(part, where_of_part)`` and joined; a 400 for anything else."""
+    if raw is None:
+        return ""
+    if isinstance(raw, str):
+        return raw
+    if not isinstance(raw, list):
+        raise bad_request(f"{where} must be a string or a list of content parts", where)
+    return "".join(part_text(part, f"{where}[{i}]") for i, part in enumerate(raw))
+
+
+def check_tool_name(name: Any, where: str) -> str:
+    if not isinstance(name, str) or not TOOL_NAME.match(name):
+        raise bad_request(f"{where} must match ^[A-Za-z0-9_-]{{1,64}}$", where)
+    return name
+
+
+def check_tool_schema(
+    schema: Any, where: str, missing: str = "must be a JSON Schema object"
+) -> dict[str, Any]:
+    """A tool's parameters: a JSON Schema object that is itself valid (draft 2020-12)."""
+    if not isinstance(schema, dict):
+        raise bad_request(f"{where} {missing}", where)
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as e:
+        raise bad_request(f"{where} is not a valid JSON Schema: {e.message}", where) from None
+    return schema
+
+
+def function_tool(
+    name: Any,
+    description: Any,
+    schema: Any,
+    *,
+    name_at: str,
+    schema_at: str,
+    missing: str = "must be a JSON Schema object",
+) -> Tool:
+    """One function tool, its name and its parameters checked (400s name where)."""
+    name = check_tool_name(name, name_at)
+    return Tool(name, str(description or ""), check_tool_schema(schema, schema_at, missing))
+
+
+def choose_tools(
+    mode: str | None,
+    tools: list[Tool],
+    *,
+    picked: Any = None,
+    word: str = "required",
+    named: tuple[str, str] = ("function", "tool_choice"),
+) -> tuple[str, list[Tool]]:
+    """An API's ``tool_choice`` in internal terms: ``mode`` auto (or None), none, required
+    (the API calls it ``word``) or named (the tool ``picked``; ``named`` is what the API
+    calls a tool and where it names one). Returns (tool_choice, the tools offered)."""
+    if mode in (None, "auto", "none"):
+        return mode or "auto", tools
+    if mode == "required":
+        if not tools:
+            raise bad_request(f"tool_choice '{word}' needs tools", "tool_choice")
+        return "required", tools
+    chosen = [t for t in tools if t.name == picked]
+    if not chosen:
+        raise bad_request(f"tool_choice names a {named[0]} that is not in tools", named[1])
+    return "required", chosen
+
+
+def internal_request(
+    protocol: str,
+    req: Any,
+    body: dict[str, Any],
+    messages: list[Message],
+    choice: tuple[str | dict[str, Any], list[Tool]],
+    sampling: Sampling,
+    **fields: Any,
+) -> GenerationRequest:
+    """The ``GenerationRequest`` of an API's validated request ``req`` (its ``model`` and
+    ``stream``) and body as sent; ``choice`` is (tool_choice, tools); ``fields`` are the
+    rest (user, metadata, session hint, ...)."""
+    tool_choice, tools = choice
+    return GenerationRequest(
+        protocol=protocol,
+        model=req.model,
+        messages=messages,
+        tools=tools,
+        tool_choice=tool_choice,
+        sampling=sampling,
+        stream=req.stream,
+        raw=body,
+        **fields,
+    )
+
+
+# ---- the dashboard -----------------------------------------------------------------
+
+
+def display(messages: list[Message]) -> list[dict[str, Any]]:
+    """Internal messages as the dashboard shows them (role, text, tool calls)."""
+    return [
+        {
+            "role": m.role,
+            "text": m.content,
+            "tool_calls": [
+                {"id": c.id, "name": c.name, "arguments": c.arguments} for c in m.tool_calls
+            ],
+            "tool_call_id": m.tool_call_id,
+            "name": m.name,
+        }
+        for m in messages
+    ]
+
+
+def display_or_raw(parse: Callable[[], list[Message]], raw: Any) -> list[dict[str, Any]]:
+    """``display(parse())``; a stored request the translator no longer accepts is shown as
+    its JSON rather than not at all."""
+    try:
+        return display(parse())
+    except Exception:  # noqa: BLE001 - a dashboard page, not a request: never a 500
+        text = json.dumps(raw, ensure_ascii=False, default=str)
+        return [{"role": "?", "text": text, "tool_calls": [], "tool_call_id": None, "name": None}]
+
+
+# ---- answers -----------------------------------------------------------------------
+
+
+def sse_data(obj: Any) -> bytes:
+    """An SSE event with data only (OpenAI chat)."""
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def sse_event(kind: str, obj: Any) -> bytes:
+    """A named SSE event (Anthropic Messages, OpenAI Responses)."""
+    data = json.dumps(obj, separators=(",", ":"))
+    return f"event: {kind}\ndata: {data}\n\n".encode()
+
+
+class StreamWriter(Protocol):
+    """One API's server-sent events for one stream (``write_stream`` drives it)."""
+
+    def start(self) -> list[bytes]: ...
+
+    def event(self, ev: StreamEvent) -> list[bytes]: ...
+
+    def error(self, e: APIError) -> list[bytes]: ...
+
+    def close(self, finished: list[Completion]) -> list[bytes]:
+        """The last bytes before the record is made durable."""
+        ...
+
+    def end(self, finished: list[Completion]) -> list[bytes]:
+        """The stream's end, sent once the record is durable."""
+        ...
+
+
+async def write_stream(
+    pipeline: Any,
+    prep: Prepared,
+    events: Any,
+    first: StreamEvent | None,
+    writer: StreamWriter,
+    on_recorded: Hook | None = None,
+) -> AsyncIterator[bytes]:
+    """The body of a stream: the writer's bytes for each event; after the last event, the
+    pipeline records the choices (``Pipeline.finish_stream``, then ``on_recorded``) before
+    the writer's end is sent. An APIError while generating ends the stream with the
+    writer's error event (what was generated is recorded as ``abort`` by the pipeline)."""
+    for chunk in writer.start():
+        yield chunk
+    finished: list[Completion] = []
+    try:
+        async with contextlib.aclosing(replay(first, events)) as evs:
+            async for ev in evs:
+                for chunk in writer.event(ev):
+                    yield chunk
+                if ev.finished:
+                    finished.append(ev.finished)
+    except APIError as e:
+        for chunk in writer.error(e):
+            yield chunk
+        return
+    finished.sort(key=lambda c: c.index)
+    for chunk in writer.close(finished):
+        yield chunk
+    if not finished:  # pragma: no cover - the pipeline always ends with a final event
+        return
+    await pipeline.finish_stream(prep, finished, on_recorded)
+    for chunk in writer.end(finished):
+        yield chunk
+
+
+@dataclass
+class Call:
+    """One model call as a route sees it: the gateway, the caller and the JSON body."""
+
+    request: Request
+    gw: Gateway
+    principal: Principal
+    body: Any
+
+    @property
+    def model(self) -> str:
+        return self.gw.settings.served_model_name
+
+    async def prepare(
+        self, req: GenerationRequest, prefix: str, *, fit_max_tokens: bool = False
+    ) -> Prepared:
+        """The pipeline's ``prepare``. With ``fit_max_tokens`` an output limit that does not
+        fit the context is an upper bound: dropped for what the context leaves (Claude Code
+        asks for 32000 whatever the model's context) instead of refused."""
+        try:
+            return await self.gw.pipeline.prepare(self.principal, req, prefix)
+        except APIError as e:
+            if not fit_max_tokens or e.param != "max_tokens":
+                raise
+        req.sampling.max_tokens = None
+        return await self.gw.pipeline.prepare(self.principal, req, prefix)
+
+
+async def open_call(request: Request) -> Call:
+    """The gateway, the caller (401 without a valid key) and the JSON body (400)."""
+    gw = gw_of(request)
+    p = await principal(request)
+    return Call(request, gw, p, await read_json(request))
+
+
+async def respond(
+    call: Call,
+    prep: Prepared,
+    body: Callable[[list[Completion]], dict[str, Any]],
+    writer: Callable[[], StreamWriter],
+    on_recorded: Hook | None = None,
+) -> Response:
+    """The answer to a prepared call: ``body`` of the recorded choices as JSON, or for a
+    stream the events of ``writer()``. Generation starts before any byte is sent, so an
+    engine that is down still gets a proper HTTP error."""
+    pipeline = call.gw.pipeline
+    if prep.req.stream:
+        events, first = await open_stream(pipeline, prep)
+        return StreamingResponse(
+            write_stream(pipeline, prep, events, first, writer(), on_recorded),
+            media_type="text/event-stream",
+            headers={**headers_for(prep), "Cache-Control": "no-cache"},
+        )
+    completions = await pipeline.complete(prep, on_recorded)
+    return JSONResponse(body(completions), headers=headers_for(prep))

@@ -1,0 +1,79 @@
+"""OpenAI Chat Completions: the request model and the shapes of the answers."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from gateway.api.base import Loose
+from gateway.request import ToolCallOut
+
+MAX_N = 8
+# The engines' seed range (64-bit signed, SGLang's and the embedded engine's); choice i of
+# n is sampled with seed + i, so that must fit too.
+SEED_MIN = -(2**63)
+SEED_MAX = 2**63 - 1
+
+
+class ChatRequest(Loose):
+    model: str = "rlgate-policy"
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    # not OpenAI's, but vLLM's and SGLang's: sample from the k likeliest tokens (0 or -1: all)
+    top_k: int | None = Field(None, ge=-1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int = Field(1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["auto", "none", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+
+
+# accepted and ignored: they do not change what the model generates
+IGNORED = {
+    "store",
+    "service_tier",
+    "reasoning_effort",
+    "prediction",
+    "web_search_options",
+    "modalities",
+    "prompt_cache_key",
+    "safety_identifier",
+    "verbosity",
+}
+DEPRECATED = "'functions'/'function_call' are deprecated; use 'tools'"
+REFUSED = {"functions": (DEPRECATED, "functions"), "function_call": (DEPRECATED, "functions")}
+
+
+def tool_call_json(c: ToolCallOut) -> dict[str, Any]:
+    return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+
+
+def usage_json(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def chunk_choice(
+    index: int, delta: dict[str, Any], logprobs: Any = None, finish_reason: str | None = None
+) -> dict[str, Any]:
+    """One choice of a ``chat.completion.chunk``."""
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}

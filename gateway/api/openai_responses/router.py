@@ -1,0 +1,85 @@
+"""OpenAI Responses routes: ``POST /v1/responses``, ``GET /v1/responses/{id}``.
+
+A feedback key cannot read responses (403); what else may be read or continued is
+``store.py``'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from core.errors import APIError
+from gateway.api.base import open_call, require_model_key, respond
+from gateway.api.openai_responses import translator
+from gateway.api.openai_responses.store import store_of, visible
+from gateway.api.openai_responses.stream import ResponsesStream
+from gateway.auth import require_kind
+from gateway.generation import output_json
+from gateway.request import Completion, Message
+from gateway.routing import gw_of, principal
+from schemas.tables import InteractionRow
+
+router = APIRouter()
+
+
+def session_header(request: Request) -> str | None:
+    """The client's session id: ``X-Session-Id``, or Codex's own header (``session-id``
+    since 0.17x, ``session_id`` before)."""
+    h = request.headers
+    return h.get("x-session-id") or h.get("session-id") or h.get("session_id")
+
+
+@router.post("/v1/responses")
+@router.post("/responses", include_in_schema=False)
+async def create_response(request: Request) -> Response:
+    call = await open_call(request)
+    parsed = translator.parse(call.body)
+    store = store_of(request)
+    history: list[Message] = []
+    if parsed.previous_response_id:
+        require_model_key(call.principal)
+        history = await store.conversation(parsed.previous_response_id, call.principal, request)
+    req = translator.to_internal(parsed, call.body, history, session_header(request))
+    prep = await call.prepare(req, translator.ID_PREFIX)
+
+    def remember(completions: list[Completion]) -> None:
+        sid = prep.session.session_id
+        output = output_json(completions[0])
+        store.remember(prep.interaction_id, call.principal.project_id, sid, call.body, output)
+
+    return await respond(
+        call,
+        prep,
+        lambda completions: translator.response_body(prep, completions[0], call.model),
+        lambda: ResponsesStream(prep, call.model),
+        remember,
+    )
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(response_id: str, request: Request) -> dict[str, Any]:
+    """A stored response, rebuilt from its record (output item ids are fresh)."""
+    gw = gw_of(request)
+    p = await principal(request)
+    require_kind(p, "agent", "admin")  # a feedback key rates ids, it does not read outputs
+
+    def load() -> InteractionRow | None:
+        with gw.factory() as db:
+            row = db.get(InteractionRow, response_id)
+            if row is not None:
+                db.expunge(row)
+            return row
+
+    row = await asyncio.to_thread(load)
+    if (
+        row is None
+        or not visible(p, row.project_id, row.session_id)
+        or row.request.get("store") is False
+        or not response_id.startswith(translator.ID_PREFIX)
+    ):
+        raise APIError(404, f"no response with id '{response_id}' was found")
+    return translator.stored_response(row, gw.settings.served_model_name)

@@ -1,0 +1,181 @@
+"""One call on its way through the pipeline, and its three translations that are not an
+API's: the engine's SGLang JSON in (``engine_payload``) and out (``engine_completion``),
+and the ATDP interaction record it leaves (``interaction_record``).
+
+Token ids and logprobs are copied here as the engine returned them, never re-tokenized.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from core.errors import APIError
+from gateway.auth import Principal
+from gateway.parsing import parse_output
+from gateway.request import Completion, GenerationRequest, Message, ToolCallOut
+from gateway.sessions import SessionContext, conversation_hash
+from schemas.atdp import Interaction
+
+
+@dataclass
+class Prepared:
+    principal: Principal
+    req: GenerationRequest
+    session: SessionContext
+    prompt_ids: list[int]
+    adapter: str | None
+    max_tokens: int
+    interaction_id: str
+    started: float = field(default_factory=time.monotonic)
+    ttft_ms: float | None = None
+    engine_url: str | None = None
+
+    @property
+    def policy_version(self) -> str:
+        return self.adapter or "base"
+
+    def row_id(self, index: int) -> str:
+        return self.interaction_id if self.req.sampling.n == 1 else f"{self.interaction_id}.{index}"
+
+
+@dataclass
+class StreamEvent:
+    index: int
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCallOut] = field(default_factory=list)
+    new_ids: list[int] = field(default_factory=list)
+    new_logprobs: list[float] = field(default_factory=list)
+    new_top: list[list[tuple[int, float]]] = field(default_factory=list)
+    finished: Completion | None = None
+
+
+def top_logprobs(meta: dict[str, Any], start: int = 0) -> list[list[tuple[int, float]]] | None:
+    tops = meta.get("output_top_logprobs")
+    if not tops:
+        return None
+    return [[(int(t[1]), float(t[0])) for t in (pos or [])] for pos in tops[start:]]
+
+
+def engine_payload(prep: Prepared, index: int, stream: bool) -> dict[str, Any]:
+    """SGLang's ``/generate`` body for choice ``index``: the prompt as ids, the adapter
+    named explicitly, logprobs always returned."""
+    s = prep.req.sampling
+    params: dict[str, Any] = {
+        "max_new_tokens": prep.max_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "skip_special_tokens": True,
+    }
+    if s.stop:
+        params["stop"] = s.stop
+    if s.seed is not None:
+        params["seed"] = s.seed + index
+    if s.json_schema is not None:
+        params["json_schema"] = s.json_schema
+    return {
+        "input_ids": prep.prompt_ids,
+        "sampling_params": params,
+        "return_logprob": True,
+        "top_logprobs_num": s.top_logprobs if s.logprobs else 0,
+        "stream": stream,
+        "rid": f"{prep.row_id(index)}-{secrets.token_hex(4)}",
+        "lora_path": prep.adapter,
+    }
+
+
+def engine_completion(
+    prep: Prepared, index: int, out: dict[str, Any], parser: str | None, reasoning: bool
+) -> Completion:
+    """The finished choice of an engine answer, its text parsed (reasoning, tool calls)."""
+    meta = out.get("meta_info", {})
+    ids = [int(i) for i in out.get("output_ids", [])]
+    lps = [float(t[0]) for t in meta.get("output_token_logprobs", [])]
+    if len(lps) != len(ids):
+        raise APIError(503, "the engine returned logprobs that do not match its tokens")
+    text = out.get("text", "")
+    content, thought, calls = parse_output(text, parser, reasoning)
+    fr = (meta.get("finish_reason") or {}).get("type", "stop")
+    if calls and fr == "stop":
+        fr = "tool_calls"
+    return Completion(
+        index=index,
+        output_ids=ids,
+        logprobs=lps,
+        top_logprobs=top_logprobs(meta),
+        text=text,
+        content=content,
+        reasoning=thought,
+        tool_calls=calls,
+        finish_reason=fr,
+        prompt_tokens=int(meta.get("prompt_tokens", len(prep.prompt_ids))),
+        cached_tokens=int(meta.get("cached_tokens", 0) or 0),
+    )
+
+
+def aborted_completion(prep: Prepared, index: int, state: dict[str, Any]) -> Completion:
+    """What a stream had generated for choice ``index`` when its client went away."""
+    return Completion(
+        index=index,
+        output_ids=state["ids"],
+        logprobs=state["lps"],
+        top_logprobs=state["top"] or None,
+        text=state["text"],
+        content=state["text"],
+        reasoning=None,
+        tool_calls=[],
+        finish_reason="abort",
+        prompt_tokens=len(prep.prompt_ids),
+    )
+
+
+def output_json(c: Completion) -> dict[str, Any]:
+    """A choice's parsed output as ``interactions.output`` stores it."""
+    return {
+        "text": c.content,
+        "reasoning": c.reasoning,
+        "tool_calls": [
+            {"id": t.id, "name": t.name, "arguments": t.arguments} for t in c.tool_calls
+        ],
+    }
+
+
+def interaction_record(
+    prep: Prepared, c: Completion, *, now: datetime, latency_ms: float, group: str | None
+) -> Interaction:
+    """The ATDP record of one choice, with the continuation hash a follow-up call that
+    extends this conversation will be stitched by (gateway.sessions)."""
+    answer = Message("assistant", c.content or "", tool_calls=c.tool_calls)
+    return Interaction(
+        id=prep.row_id(c.index),
+        project_id=prep.principal.project_id,
+        session_id=prep.session.session_id,
+        seq=0,
+        parent_id=prep.session.parent_id,
+        group_id=group,
+        choice_index=c.index,
+        request=prep.req.raw,
+        prompt_token_ids=prep.prompt_ids,
+        completion_token_ids=c.output_ids,
+        completion_logprobs=c.logprobs,
+        temperature=prep.req.sampling.temperature,
+        top_p=prep.req.sampling.top_p,
+        policy_version=prep.policy_version,
+        finish_reason=c.finish_reason,
+        output=output_json(c),
+        usage={
+            "prompt_tokens": len(prep.prompt_ids),
+            "completion_tokens": len(c.output_ids),
+            "cached_tokens": c.cached_tokens,
+        },
+        latency_ms=latency_ms,
+        ttft_ms=prep.ttft_ms if prep.ttft_ms is not None else latency_ms,
+        engine_url=prep.engine_url,
+        created_at=now,
+        continuation_hash=conversation_hash([*prep.req.messages, answer]),
+    )
