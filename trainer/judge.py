@@ -27,9 +27,9 @@ idempotency key ``judge:<mode>:<target>``: a target already judged is not sent a
 Every call (attempt) is a ``judge_calls`` row with its outcome: ``ok``, ``unparsable``,
 ``timeout``, ``error``; ``budget`` when the project's budget (calls and known cost in the
 last hour) refused it, ``refused`` when the configured key belongs to the judged project
-(its calls would be recorded as that project's training data). An unparsable answer, a
-timeout or an error is retried (``retries``), then the target is skipped: no feedback,
-never a made-up score.
+(its calls would be recorded as that project's training data) or its variable is unset.
+An unparsable answer, a timeout or an error is retried (``retries``), then the target is
+skipped: no feedback, never a made-up score.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ log = logging.getLogger("rlgate.judge")
 MOCK_ENV = "RLGATE_JUDGE_MOCK_RESPONSE"  # tests: litellm's mock_response for every call
 COUNTED = ("ok", "unparsable", "timeout", "error")  # outcomes that were real calls
 MAX_ERROR_CHARS = 1000
+BACKOFF_S = 1.0  # after a timeout or provider error: wait attempt x this before retrying
 
 T = TypeVar("T")
 Store = Callable[[FeedbackInput], dict[str, Any] | None]
@@ -190,7 +191,9 @@ class Caller:
         if cfg.get("api_key_env"):
             key = os.environ.get(cfg["api_key_env"])
             if not key:
-                self._record("error", 1, error=f"{cfg['api_key_env']} is not set on the worker")
+                msg = f"{cfg['api_key_env']} is not set on the worker"
+                self._record("refused", 1, error=msg)
+                log.warning("judge not called for %s: %s", self.session_id, msg)
                 return None
         if cfg.get("api_base"):
             kwargs["api_base"] = cfg["api_base"]
@@ -234,6 +237,8 @@ class Caller:
                 ms = (time.monotonic() - started) * 1000
                 self._record(outcome, attempt, latency_ms=ms, error=f"{type(e).__name__}: {e}")
                 log.info("judge call %d for %s: %s (%s)", attempt, self.session_id, outcome, e)
+                if attempt <= int(self.cfg["retries"]):
+                    time.sleep(BACKOFF_S * attempt)
                 continue
             ms = (time.monotonic() - started) * 1000
             text = _content(response)

@@ -67,6 +67,7 @@ def mock(monkeypatch: pytest.MonkeyPatch) -> Any:
     def install(*answers: Any) -> Mock:
         m = Mock(*answers)
         monkeypatch.setattr(judge, "_completion", m)
+        monkeypatch.setattr(judge, "BACKOFF_S", 0.0)
         return m
 
     return install
@@ -343,7 +344,7 @@ def test_a_key_of_the_judged_project_is_refused(
     monkeypatch.delenv("RLGATE_JUDGE_KEY")
     _add(factory, "s2", interaction("s2-0", "s2", 0, "42"))
     assert run_verifiers(factory, "s2") == []  # the key's variable is not set: counted
-    assert _outcomes(factory)[-1] == "error"
+    assert _outcomes(factory)[-1] == "refused"
 
 
 def test_api_base_never_gets_a_provider_key_from_the_environment(
@@ -402,6 +403,7 @@ def test_a_judge_failure_never_raises(factory: Any, monkeypatch: pytest.MonkeyPa
         raise RuntimeError("provider exploded")
 
     monkeypatch.setattr(judge, "_completion", broken)
+    monkeypatch.setattr(judge, "BACKOFF_S", 0.0)
     assert run_verifiers(factory, "s1") == []
     assert _outcomes(factory) == ["error"]
     # and a crash inside the judge's own code is logged, not raised
