@@ -24,11 +24,13 @@ __all__ = [
     "check_training",
     "effective_training",
     "judge_usage",
+    "learning_curve",
     "list_adapters",
     "on_session_closed",
     "promote",
     "rollback",
     "serve_version",
+    "session_credit",
     "train_now",
     "update_verifiers",
     "verifier_settings",
@@ -179,6 +181,23 @@ def update_verifiers(
             {"verifiers": specs},
         )
     return verifier_settings(factory, project_id)
+
+
+def session_credit(factory: sessionmaker[Session], session_id: str) -> dict[str, Any] | None:
+    """Each turn's reward, the level that decided it (interaction, group, session with its
+    discount, unrated) and the ratings behind it with their origin (user, verifier, judge,
+    next_turn, system), rationale and judge model (trainer/credit_view.py); None for an
+    unknown session. The caller checks ``project_id`` against the caller's scope."""
+    from trainer.credit_view import session_credit as explain
+
+    return explain(factory, session_id)
+
+
+def learning_curve(factory: sessionmaker[Session], project_id: str) -> list[dict[str, Any]]:
+    """Per policy version: requests, rated interactions, mean reward, eval gate score."""
+    from trainer.credit_view import learning_curve as curve
+
+    return curve(factory, project_id)
 
 
 # ---- adapters ---------------------------------------------------------------------------------

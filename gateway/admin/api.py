@@ -232,3 +232,28 @@ async def api_verifiers_put(project_id: str, request: Request) -> JSONResponse:
     except (TypeError, ValueError) as e:  # VerifierSpecError is a ValueError
         raise APIError(400, f"verifiers not changed: {e}") from None
     return JSONResponse(queries.jsonable(out))
+
+
+@router.get("/admin/api/sessions/{session_id}/credit")
+async def api_session_credit(session_id: str, request: Request) -> JSONResponse:
+    """Each turn's reward, the level that decided it and the ratings behind it (origin:
+    user, verifier, judge, next_turn, system; a judge's rationale and model)."""
+    from trainer import api as trainer_api
+
+    ctx = await api_ctx(request)
+    out = await asyncio.to_thread(trainer_api.session_credit, gw_of(request).factory, session_id)
+    if out is None or (ctx.scope is not None and out["project_id"] not in ctx.scope):
+        raise APIError(404, f"no session {session_id}")
+    return JSONResponse(queries.jsonable(out))
+
+
+@router.get("/admin/api/projects/{project_id}/learning-curve")
+@action_errors
+async def api_learning_curve(project_id: str, request: Request) -> JSONResponse:
+    """Per policy version: requests, rated interactions, mean reward, eval gate score."""
+    from trainer import api as trainer_api
+
+    ctx = await api_ctx(request)
+    pid = project_for(ctx, project_id)
+    items = await asyncio.to_thread(trainer_api.learning_curve, gw_of(request).factory, pid)
+    return JSONResponse({"project_id": pid, "items": queries.jsonable(items)})

@@ -19,7 +19,9 @@ from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
 from gateway.migrate import upgrade
 from schemas.coltypes import utcnow
-from schemas.tables import AuditEventRow, JudgeCallRow, ProjectRow
+from schemas.convert import to_row
+from schemas.tables import AuditEventRow, FeedbackRow, JudgeCallRow, ProjectRow, SessionRow
+from tests.rows import interaction
 from tests.servers import free_port, gateway
 
 URL = "/admin/api/projects/p1/verifiers"
@@ -135,6 +137,37 @@ def test_a_good_judge_is_stored_and_its_budget_shown(
     r_ok(client.put(URL, json={"verifiers": None}))  # null removes them
     assert "verifiers" not in _stored(factory)
     assert r_ok(client.get(URL))["judge"] is None
+
+
+def test_session_credit_and_learning_curve_routes(admin: tuple[httpx.Client, Any, str]) -> None:
+    client, factory, _ = admin
+    with transaction(factory) as db:
+        now = utcnow()
+        db.add(SessionRow(id="s1", project_id="p1", status="closed", created_at=now,
+                          last_activity_at=now, meta={}))  # fmt: skip
+        db.add(SessionRow(id="s2", project_id="p2", status="closed", created_at=now,
+                          last_activity_at=now, meta={}))  # fmt: skip
+        db.flush()
+        db.add(to_row(interaction("s1-0", "s1", 0, "4", reward=0.5)))
+        db.add(
+            FeedbackRow(
+                id="fb1", project_id="p1", target_type="session", target_id="s1",
+                session_id="s1", value=0.75, scale="scalar", scale_min=0.0, scale_max=1.0,
+                reward=0.5, source="judge", rater="judge:session", rationale="mostly right",
+                judge_model="openai/gpt-4o-mini", created_at=now,
+            )
+        )  # fmt: skip
+    view = r_ok(client.get("/admin/api/sessions/s1/credit"))
+    (turn,) = view["turns"]
+    assert (turn["level"], turn["reward"], turn["origins"]) == ("session", 0.5, ["judge"])
+    assert turn["ratings"][0]["rationale"] == "mostly right"
+    assert turn["ratings"][0]["judge_model"] == "openai/gpt-4o-mini"
+    assert client.get("/admin/api/sessions/s2/credit").status_code == 404  # another project
+    assert client.get("/admin/api/sessions/nope/credit").status_code == 404
+    curve = r_ok(client.get("/admin/api/projects/p1/learning-curve"))["items"]
+    assert [(c["policy_version"], c["rated"], c["mean_reward"]) for c in curve] == [
+        ("base", 1, 0.5)
+    ]
 
 
 def r_ok(r: httpx.Response) -> dict[str, Any]:

@@ -409,3 +409,57 @@ def test_a_judge_failure_never_raises(factory: Any, monkeypatch: pytest.MonkeyPa
     # and a crash inside the judge's own code is logged, not raised
     monkeypatch.setattr("trainer.judge_run.turns", lambda _: 1 / 0)
     assert run_verifiers(factory, "s1") == []
+
+
+def test_where_each_turns_credit_came_from(factory: Any, mock: Any) -> None:
+    """trainer.api.session_credit: the level that decided each turn's reward, the ratings
+    behind it with their origin, and the judge's rationale (the session view's data)."""
+    from core.feedback import FeedbackInput, Scope, store_feedback
+    from trainer.api import learning_curve, session_credit
+    from trainer.hooks import after_feedback
+
+    _project(factory, mode="next_turn")
+    u0, a0 = {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "5"}
+    u1 = {"role": "user", "content": "Wrong, it is 4."}
+    a1 = {"role": "assistant", "content": "Yes, 4."}
+    u2 = {"role": "user", "content": "Now 5+5?"}
+    _add(
+        factory,
+        "s",
+        _turn("s", 0, [u0], "5"),
+        _turn("s", 1, [u0, a0, u1], "Yes, 4."),
+        _turn("s", 2, [u0, a0, u1, a1, u2], "10"),
+    )
+    mock(
+        '{"label": "correction", "rationale": "the user corrected 5 to 4"}', *['{"label": "x"}'] * 3
+    )
+    run_verifiers(factory, "s")  # the second answer is unparsable (retries 2, then skipped)
+    row, _ = store_feedback(
+        factory,
+        FeedbackInput("session", "s", 1, "binary", None, None, 1.0, rater="alice"),
+        Scope("p1"),
+        wait_s=0,
+    )
+    after_feedback(factory, row)
+    view = session_credit(factory, "s")
+    assert view is not None and view["project_id"] == "p1" and view["gamma"] == 1.0
+    t0, t1, t2 = view["turns"]
+    assert (t0["level"], t0["reward"], t0["origins"]) == ("interaction", -0.5, ["next_turn"])
+    assert t0["ratings"][0]["rationale"] == "the user corrected 5 to 4"
+    assert t0["ratings"][0]["judge_model"] == MODEL
+    assert (t1["level"], t1["reward"], t1["origins"], t1["discount"]) == (
+        "session",
+        1.0,
+        ["user"],
+        1.0,
+    )
+    assert t2["level"] == "session" and t2["ratings"][0]["rater"] == "alice"
+    assert session_credit(factory, "nope") is None
+    (base,) = learning_curve(factory, "p1")
+    assert (base["policy_version"], base["version"], base["requests"], base["rated"]) == (
+        "base",
+        0,
+        3,
+        3,
+    )
+    assert base["mean_reward"] == pytest.approx(0.5)
