@@ -219,12 +219,16 @@ def judge_group(
 ) -> list[dict[str, Any]]:
     """One call for ``members`` ((target type, ref, answer) each), scored relatively."""
     cfg = caller.cfg
-    convs = [
-        jt.transcript(a, limit=max(2000, jt.MAX_TRANSCRIPT_CHARS * 2 // len(members)))
-        for _, _, a in members
-    ]
+    answers = [a for _, _, a in members]
+    limit = max(2000, jt.MAX_TRANSCRIPT_CHARS * 2 // len(members))
+    shared = None
+    if all(a.request == answers[0].request for a in answers):  # choices of one request
+        shared = jt.context(answers[0].request)
+        convs = [jt.clip(jt.answer_text(a), limit) for a in answers]
+    else:
+        convs = [jt.transcript(a, limit=limit) for a in answers]
     verdicts = caller.ask(
-        jt.group_prompt(cfg["rubric"], convs), lambda t: jt.parse_group(t, len(members))
+        jt.group_prompt(cfg["rubric"], convs, shared), lambda t: jt.parse_group(t, len(members))
     )
     if verdicts is None:
         return []

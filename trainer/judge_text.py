@@ -39,7 +39,7 @@ NEXT_TURN_REWARDS: dict[str, float | None] = {
 # ---- transcripts ---------------------------------------------------------------------------
 
 
-def _clip(text: str, limit: int) -> str:
+def clip(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     head = limit // 3
@@ -105,13 +105,17 @@ def request_messages(request: dict[str, Any]) -> list[tuple[str, str]]:
         if kind == "function_call_output":
             out.append(("tool", str(msg.get("output") or "")))
             continue
+        if kind not in (None, "message"):  # reasoning items and the like
+            continue
         role = str(msg.get("role") or "user")
         if role == "user" and _is_tool_result(msg):
             role = "tool"
         text = content_text(msg.get("content"))
-        for call in msg.get("tool_calls") or []:
-            fn = call.get("function") or {} if isinstance(call, dict) else {}
-            text += f"\n[calls tool {fn.get('name')}({fn.get('arguments')})]"
+        calls = msg.get("tool_calls")
+        for call in calls if isinstance(calls, list) else []:
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict):
+                text += f"\n[calls tool {fn.get('name')}({fn.get('arguments')})]"
         out.append((role, text.strip()))
     return out
 
@@ -123,14 +127,19 @@ def answer_text(answer: Interaction) -> str:
     return text.strip() or "[empty answer]"
 
 
+def context(request: dict[str, Any], limit: int = MAX_TRANSCRIPT_CHARS) -> str:
+    """The conversation a request carries, as ``ROLE: text`` lines."""
+    lines = [
+        f"{role.upper()}: {clip(text, MAX_MESSAGE_CHARS)}"
+        for role, text in request_messages(request)
+    ]
+    return clip("\n".join(lines), limit)
+
+
 def transcript(answer: Interaction, limit: int = MAX_TRANSCRIPT_CHARS) -> str:
     """The conversation that led to ``answer`` (its request) and the answer itself."""
-    lines = [
-        f"{role.upper()}: {_clip(text, MAX_MESSAGE_CHARS)}"
-        for role, text in request_messages(answer.request)
-    ]
-    lines.append(f"ASSISTANT (rated answer): {_clip(answer_text(answer), MAX_MESSAGE_CHARS)}")
-    return _clip("\n".join(lines), limit)
+    rated = f"ASSISTANT (rated answer): {clip(answer_text(answer), MAX_MESSAGE_CHARS)}"
+    return clip(f"{context(answer.request, limit)}\n{rated}", limit)
 
 
 def next_user_message(nxt: Interaction) -> str | None:
@@ -167,10 +176,15 @@ def session_prompt(rubric: str | None, conversation: str) -> list[dict[str, str]
     return [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": user}]
 
 
-def group_prompt(rubric: str | None, conversations: list[str]) -> list[dict[str, str]]:
+def group_prompt(
+    rubric: str | None, conversations: list[str], shared: str | None = None
+) -> list[dict[str, str]]:
+    """``conversations``: whole trajectories, or (with ``shared``, the conversation they
+    all answer) only the answers."""
     parts = [f'<trajectory id="{i + 1}">\n{c}\n</trajectory>' for i, c in enumerate(conversations)]
+    common = f"The conversation they all answer:\n{shared}\n\n" if shared else ""
     user = (
-        f"Rubric:\n{rubric or DEFAULT_RUBRIC}\n\n"
+        f"Rubric:\n{rubric or DEFAULT_RUBRIC}\n\n{common}"
         f"{len(conversations)} attempts at the same task follow. Compare them with each "
         "other and score each from 0 to 1 against the rubric: better attempts get higher "
         "scores, equally good ones equal scores.\n\n" + "\n\n".join(parts) + "\n\n"
@@ -182,7 +196,7 @@ def group_prompt(rubric: str | None, conversations: list[str]) -> list[dict[str,
 
 def next_turn_prompt(previous: str, reply: str) -> list[dict[str, str]]:
     user = (
-        f"An assistant answered:\n{previous}\n\nThe user then wrote:\n{_clip(reply, 2000)}\n\n"
+        f"An assistant answered:\n{previous}\n\nThe user then wrote:\n{clip(reply, 2000)}\n\n"
         "Classify the user's message: 'satisfied' (accepts or thanks, goes on building on "
         "the answer), 'correction' (says the answer was wrong or incomplete and corrects "
         "it), 'complaint' (expresses frustration or rejects the answer), 'new_topic' (asks "

@@ -233,8 +233,10 @@ def _from_session(item: Any, project: dict[str, dict[str, Any]]) -> Any:
     if not isinstance(item, dict):
         return item
     name = item.get("name")
-    kept = {k: v for k, v in item.items() if k not in TRUSTED_ONLY.get(name, ())}  # type: ignore[arg-type]
-    return {**kept, **project.get(name, {})} if isinstance(name, str) else kept
+    if not isinstance(name, str):
+        return item  # check_spec says what is wrong with it
+    kept = {k: v for k, v in item.items() if k not in TRUSTED_ONLY.get(name, ())}
+    return {**kept, **project.get(name, {})}
 
 
 def configured_verifiers(

@@ -183,6 +183,7 @@ def test_group_mode_scores_the_choices_of_one_request_relatively(factory: Any, m
     assert len(m.calls) == 1 and len(out) == 3  # the three siblings in one call
     prompt = m.calls[0]["messages"][-1]["content"]
     assert all(a in prompt for a in answers) and '<trajectory id="3">' in prompt
+    assert prompt.count("USER: q") == 1  # the shared conversation once, then the answers
     got = {f.target_id: (f.target_type, f.value, f.reward, f.rationale) for f in _feedback(factory)}
     assert got == {
         "g.0": ("interaction", 1, 1.0, "right"),
