@@ -64,9 +64,20 @@ Store = Callable[[FeedbackInput], dict[str, Any] | None]
 # ---- the call ----------------------------------------------------------------------------
 
 
-def _completion(**kwargs: Any) -> Any:
-    """litellm.completion (imported on first use: it is slow to import)."""
+def _litellm() -> Any:
+    """litellm, imported on first use (it is slow to import), with its packaged price
+    list: no download from GitHub at import (LITELLM_LOCAL_MODEL_COST_MAP; an operator
+    may set it to False)."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     import litellm
+
+    return litellm
+
+
+def _completion(**kwargs: Any) -> Any:
+    """litellm.completion; with RLGATE_JUDGE_MOCK_RESPONSE set (tests), litellm's own
+    mock_response."""
+    litellm = _litellm()
 
     mock = os.environ.get(MOCK_ENV)
     if mock is not None:
@@ -77,23 +88,14 @@ def _completion(**kwargs: Any) -> Any:
 def _cost(response: Any) -> float | None:
     """The call's cost in USD where litellm knows the model's price, else None."""
     try:
-        import litellm
-
-        cost = litellm.completion_cost(completion_response=response)
+        cost = _litellm().completion_cost(completion_response=response)
     except Exception:
         return None
     return float(cost) if isinstance(cost, int | float) and cost > 0 else None
 
 
 def _is_timeout(exc: BaseException) -> bool:
-    try:
-        import litellm
-
-        if isinstance(exc, litellm.Timeout):
-            return True
-    except ImportError:  # pragma: no cover
-        pass
-    return isinstance(exc, TimeoutError)
+    return isinstance(exc, _litellm().Timeout | TimeoutError)
 
 
 def usage(factory: sessionmaker[Session], project_id: str, hours: float = 1.0) -> dict[str, Any]:
