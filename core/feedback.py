@@ -53,6 +53,8 @@ class FeedbackInput:
     rater: str | None = None
     comment: str | None = None
     idempotency_key: str | None = None
+    rationale: str | None = None  # a judge's reasons (source "judge")
+    judge_model: str | None = None  # the model that judged
 
     @property
     def request_hash(self) -> str:
@@ -224,6 +226,8 @@ def _insert(
                 request_hash=inp.request_hash,
                 api_key_id=api_key_id,
                 created_at=utcnow(),
+                rationale=inp.rationale,
+                judge_model=inp.judge_model,
             )
             Feedback.model_validate(feedback_json_values(row))  # the ATDP contract holds
             db.add(row)

@@ -226,6 +226,8 @@ class Feedback(Record):
     comment: str | None = None
     idempotency_key: str | None = None
     created_at: datetime
+    rationale: str | None = Field(None, description="why the judge gave this rating")
+    judge_model: str | None = Field(None, description="the model that judged (source judge)")
 
 
 class LoraConfig(BaseModel):

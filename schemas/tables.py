@@ -171,6 +171,29 @@ class FeedbackRow(Base):
     request_hash: Mapped[str | None] = mapped_column(String(64))
     api_key_id: Mapped[str | None] = mapped_column(ID)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    rationale: Mapped[str | None] = mapped_column(Text)
+    judge_model: Mapped[str | None] = mapped_column(String(200))
+
+
+class JudgeCallRow(Base):
+    """One call (one attempt) of the LLM judge, or one the budget refused: what the
+    per-project budget counts (calls and known cost per hour) and what failed."""
+
+    __tablename__ = "judge_calls"
+    __table_args__ = (Index("ix_judge_calls_project_created", "project_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    session_id: Mapped[str | None] = mapped_column(ID)
+    mode: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str] = mapped_column(String(200))
+    # ok | unparsable | error | timeout | budget | refused
+    outcome: Mapped[str] = mapped_column(String(16))
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    cost_usd: Mapped[float | None] = mapped_column(Float)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class PolicyVersionRow(Base):

@@ -23,12 +23,17 @@ __all__ = [
     "after_feedback",
     "check_training",
     "effective_training",
+    "judge_usage",
+    "learning_curve",
     "list_adapters",
     "on_session_closed",
     "promote",
     "rollback",
     "serve_version",
+    "session_credit",
     "train_now",
+    "update_verifiers",
+    "verifier_settings",
 ]
 
 
@@ -93,6 +98,106 @@ def check_training(overrides: dict[str, Any]) -> None:
 
     cfg = TrainConfig.from_project_settings({"training": overrides})
     require_registered(cfg.eval_gate)
+
+
+# ---- verifiers and the judge ----------------------------------------------------------------
+
+
+def _project_settings(factory: sessionmaker[Session], project_id: str) -> dict[str, Any]:
+    from schemas.tables import ProjectRow
+
+    with factory() as db:
+        project = db.get(ProjectRow, project_id)
+        if project is None:
+            raise LookupError(f"no project {project_id!r}")
+        return dict(project.settings or {})
+
+
+def judge_usage(factory: sessionmaker[Session], project_id: str) -> dict[str, Any] | None:
+    """The project's judge budget and what it used in the last hour (calls, known cost in
+    USD, calls per outcome) and the last 24 hours (calls per outcome); None when no judge
+    is configured (trainer/judge.py)."""
+    from trainer.judge import settings_for, usage
+    from trainer.verifiers import project_params
+
+    settings = _project_settings(factory, project_id)
+    raw = settings.get("verifiers")
+    items = raw if isinstance(raw, list) else [] if raw is None else [raw]
+    if not any(i == "judge" or (isinstance(i, dict) and i.get("name") == "judge") for i in items):
+        return None
+    params = project_params(settings, "judge")
+    if not params:  # configured, but the stored spec does not validate: it never runs
+        return {"error": "the stored judge spec is invalid; it does not run"}
+    cfg = settings_for(params)
+    hour = usage(factory, project_id, 1.0)
+    return {
+        "model": cfg["model"],
+        "mode": cfg["mode"],
+        "calls_per_hour": cfg["calls_per_hour"],
+        "usd_per_hour": cfg["usd_per_hour"],
+        "last_hour": hour,
+        "last_day": usage(factory, project_id, 24.0)["outcomes"],
+    }
+
+
+def verifier_settings(factory: sessionmaker[Session], project_id: str) -> dict[str, Any]:
+    """The project's ``settings["verifiers"]`` and the judge's budget and usage."""
+    settings = _project_settings(factory, project_id)
+    return {
+        "project_id": project_id,
+        "verifiers": settings.get("verifiers"),
+        "judge": judge_usage(factory, project_id),
+    }
+
+
+def update_verifiers(
+    factory: sessionmaker[Session], project_id: str, verifiers: Any, actor: str
+) -> dict[str, Any]:
+    """Replace the project's ``settings["verifiers"]`` (None removes them) after checking
+    every spec (trainer/verifier_specs.py: registered names, known and bounded parameters,
+    the judge's model, mode, rubric, budget); a ValueError says what is wrong and nothing
+    changes. An AuditEvent ``verifiers.settings``."""
+    from schemas.tables import ProjectRow
+    from trainer.verifiers import check_specs
+
+    specs = check_specs(verifiers) if verifiers is not None else None
+    with transaction(factory) as db:
+        project = db.get(ProjectRow, project_id)
+        if project is None:
+            raise LookupError(f"no project {project_id!r}")
+        settings = dict(project.settings or {})
+        if specs is None:
+            settings.pop("verifiers", None)
+        else:
+            settings["verifiers"] = specs
+        project.settings = settings
+        audit(
+            db,
+            actor,
+            "verifiers.settings",
+            project_id,
+            "project",
+            project_id,
+            {"verifiers": specs},
+        )
+    return verifier_settings(factory, project_id)
+
+
+def session_credit(factory: sessionmaker[Session], session_id: str) -> dict[str, Any] | None:
+    """Each turn's reward, the level that decided it (interaction, group, session with its
+    discount, unrated) and the ratings behind it with their origin (user, verifier, judge,
+    next_turn, system), rationale and judge model (trainer/credit_view.py); None for an
+    unknown session. The caller checks ``project_id`` against the caller's scope."""
+    from trainer.credit_view import session_credit as explain
+
+    return explain(factory, session_id)
+
+
+def learning_curve(factory: sessionmaker[Session], project_id: str) -> list[dict[str, Any]]:
+    """Per policy version: requests, rated interactions, mean reward, eval gate score."""
+    from trainer.credit_view import learning_curve as curve
+
+    return curve(factory, project_id)
 
 
 # ---- adapters ---------------------------------------------------------------------------------

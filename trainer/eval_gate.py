@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer import verifier_specs
-from trainer.verifier_specs import VerifierSpecError
+from trainer.verifier_specs import SESSION_VERIFIERS, VerifierSpecError
 
 DEFAULT_VERIFIER = "contains"
 MAX_PROMPTS = 64
@@ -128,6 +128,11 @@ class EvalGate:
         if not isinstance(enabled, bool):
             raise GateConfigError("eval_gate.enabled must be true or false")
         verifier = check_verifier_name(raw.get("verifier", DEFAULT_VERIFIER), "eval_gate.verifier")
+        if verifier in SESSION_VERIFIERS:
+            raise GateConfigError(
+                f"eval_gate.verifier: {verifier!r} rates whole sessions, not one answer; "
+                "name a verifier that scores an answer (e.g. 'contains')"
+            )
         prompts = raw.get("prompts", [])
         if not isinstance(prompts, list) or len(prompts) > MAX_PROMPTS:
             raise GateConfigError(f"eval_gate.prompts must be a list of at most {MAX_PROMPTS}")

@@ -11,7 +11,8 @@
   (trainer/verifiers.py): one answer -> one session-level feedback; an n>1 final turn ->
   one interaction feedback per member. Feedback has ``source="verifier"``,
   ``rater=<verifier name>`` and an idempotency key, so a redelivered task does not rate
-  twice.
+  twice. A ``judge`` spec runs the LLM judge instead (trainer/judge_run.py), whose
+  feedback has ``source="judge"``.
 
 The gateway reaches these through trainer/api.py only. Feedback rows are written by
 core/feedback.py for every source.
@@ -39,6 +40,7 @@ from schemas.atdp import Session as SessionRecord
 from schemas.convert import to_record
 from schemas.tables import FeedbackRow, InteractionRow, ProjectRow, SessionRow
 from trainer.credit import assign_rewards_tx
+from trainer.verifier_specs import SESSION_VERIFIERS
 from trainer.verifiers import VerifierContext, configured_verifiers, get_verifier
 
 log = logging.getLogger("rlgate.verifiers")
@@ -158,6 +160,9 @@ def run_verifiers(factory: sessionmaker[Session], session_id: str) -> list[dict[
     stored = []
     for spec in configured_verifiers(settings, session.metadata or {}):
         name = spec["name"]
+        if name in SESSION_VERIFIERS:  # the LLM judge rates whole sessions and groups
+            stored += _run_judge(factory, session, interactions, spec)  # type: ignore[arg-type]
+            continue
         fn = get_verifier(name)
         if fn is None:
             log.warning("unknown verifier %r for session %s", name, session_id)
@@ -199,6 +204,33 @@ def run_verifiers(factory: sessionmaker[Session], session_id: str) -> list[dict[
                 continue
             stored.append(fb)
     return stored
+
+
+def _run_judge(
+    factory: sessionmaker[Session],
+    session: SessionRecord,
+    interactions: list[Interaction],
+    spec: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """The LLM judge (trainer/judge_run.py); its feedback goes through the same store and
+    after-feedback path as a verifier's. A failure is logged, never raised."""
+    from trainer.judge_run import run_judge
+
+    def store(inp: FeedbackInput) -> dict[str, Any] | None:
+        try:  # the judge names targets of this project only (siblings of the session)
+            row, replayed = store_feedback(factory, inp, Scope(session.project_id), wait_s=0)
+            if not replayed:
+                after_feedback(factory, row)
+            return feedback_json(row)
+        except Exception as e:  # e.g. 409: a redelivered task judged differently
+            log.warning("judge feedback on %s not stored: %s", inp.ref, e)
+            return None
+
+    try:
+        return run_judge(factory, session, interactions, spec, store)
+    except Exception:
+        log.exception("judge failed on session %s", session.id)
+        return []
 
 
 @lru_cache(maxsize=4)

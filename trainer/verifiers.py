@@ -38,12 +38,20 @@ from typing import Any
 from schemas.atdp import Interaction
 from schemas.atdp import Session as SessionRecord
 from trainer import verifier_specs
-from trainer.verifier_specs import MAX_SPECS, VerifierSpecError, check_spec
+from trainer.verifier_specs import (
+    JUDGE_PARAMS,
+    MAX_SPECS,
+    SESSION_VERIFIERS,
+    VerifierSpecError,
+    check_spec,
+)
 
 log = logging.getLogger("rlgate.verifiers")
 
 ENTRY_POINT_GROUP = "rlgate.verifiers"
-TRUSTED_ONLY = {"command": ("command", "cwd", "timeout_s", "env")}
+# parameters only the project settings may give (session metadata is writable with an
+# agent key): a command to run, and everything about the judge (a URL, a key, a budget)
+TRUSTED_ONLY = {"command": ("command", "cwd", "timeout_s", "env"), "judge": JUDGE_PARAMS}
 
 
 @dataclass
@@ -155,16 +163,21 @@ VERIFIERS: dict[str, Verifier] = {
 }
 
 
+BUILTIN_NAMES = frozenset(VERIFIERS) | frozenset(SESSION_VERIFIERS)
+
+
 def verifier_names() -> set[str]:
-    """The registered names: the built-ins and the ``rlgate.verifiers`` entry points (read
-    from the installed packages' metadata; nothing is imported)."""
-    return set(VERIFIERS) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    """The registered names: the built-ins (``judge`` too, which trainer/hooks.py runs on
+    the whole session) and the ``rlgate.verifiers`` entry points (read from the installed
+    packages' metadata; nothing is imported)."""
+    return set(BUILTIN_NAMES) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def get_verifier(name: str) -> Verifier | None:
     """The verifier registered as ``name`` (built-in first, then the entry point group);
-    None for any other string. Only installed entry points are ever loaded."""
-    if not isinstance(name, str):
+    None for any other string and for the session verifiers (``judge``), which do not
+    score one answer. Only installed entry points are ever loaded."""
+    if not isinstance(name, str) or name in SESSION_VERIFIERS:
         return None
     if name in VERIFIERS:
         return VERIFIERS[name]
@@ -183,20 +196,26 @@ def check_specs(raw: Any, where: str = "verifiers") -> list[dict[str, Any]]:
     return verifier_specs.check_specs(raw, where, verifier_names())
 
 
-def _specs(raw: Any, where: str) -> list[dict[str, Any]]:
+def _specs(
+    raw: Any, where: str, project: dict[str, dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """The valid specs of a setting (the first :data:`MAX_SPECS`); an invalid one is
-    logged and left out, never run."""
+    logged and left out, never run. With ``project`` (session metadata): trusted-only
+    parameters are dropped and the project's parameters of that name override the
+    session's before the check."""
     if raw is None:
         return []
     items = raw if isinstance(raw, list) else [raw]
     if len(items) > MAX_SPECS:
         log.warning("%s: only the first %d of %d verifiers run", where, MAX_SPECS, len(items))
     items = items[:MAX_SPECS]
+    if project is not None:
+        items = [_from_session(i, project) for i in items]
     names = {
         i if isinstance(i, str) else i.get("name") if isinstance(i, dict) else None for i in items
     }
     # built-in names only: no need to read the installed packages' entry points
-    known = set(VERIFIERS) if names <= set(VERIFIERS) else verifier_names()
+    known = set(BUILTIN_NAMES) if names <= BUILTIN_NAMES else verifier_names()
     out = []
     for i, item in enumerate(items):
         try:
@@ -206,29 +225,31 @@ def _specs(raw: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
+def _from_session(item: Any, project: dict[str, dict[str, Any]]) -> Any:
+    """A spec from session metadata without its trusted-only parameters, with the
+    project's parameters of that verifier over it."""
+    if isinstance(item, str):
+        item = {"name": item}
+    if not isinstance(item, dict):
+        return item
+    name = item.get("name")
+    if not isinstance(name, str):
+        return item  # check_spec says what is wrong with it
+    kept = {k: v for k, v in item.items() if k not in TRUSTED_ONLY.get(name, ())}
+    return {**kept, **project.get(name, {})}
+
+
 def configured_verifiers(
     project_settings: dict[str, Any], session_meta: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """The verifier specs for a session (each ``{"name": ..., <params>}``)."""
     project = {s["name"]: s for s in _specs(project_settings.get("verifiers"), "verifiers")}
-    named = []
+    named: list[dict[str, Any]] = []
     for key in ("verifiers", "verifier"):
-        raw = session_meta.get(key)
-        if isinstance(raw, dict):  # drop trusted-only keys before they are checked
-            raw = {k: v for k, v in raw.items() if k not in TRUSTED_ONLY.get(raw.get("name"), ())}
-        elif isinstance(raw, list):
-            raw = [
-                {k: v for k, v in s.items() if k not in TRUSTED_ONLY.get(s.get("name"), ())}
-                if isinstance(s, dict)
-                else s
-                for s in raw
-            ]
-        named = _specs(raw, f"session metadata {key}")
+        named = _specs(session_meta.get(key), f"session metadata {key}", project)
         if named:
             break
-    if not named:
-        return list(project.values())
-    return [{**spec, **project.get(spec["name"], {})} for spec in named]
+    return named or list(project.values())
 
 
 def project_params(project_settings: dict[str, Any] | None, name: str) -> dict[str, Any]:

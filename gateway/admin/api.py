@@ -190,3 +190,70 @@ async def api_action(action: str, request: Request) -> JSONResponse:
     target = str(target) if target is not None else None
     out = await asyncio.to_thread(do_action, request, ctx, action, body.get("project_id"), target)
     return JSONResponse(out, status_code=202 if action == "train-now" else 200)
+
+
+# ---- verifiers and the judge (logic and checks: trainer/api.py) -----------------------
+
+
+@router.get("/admin/api/projects/{project_id}/verifiers")
+@action_errors
+async def api_verifiers_get(project_id: str, request: Request) -> JSONResponse:
+    from trainer import api as trainer_api
+
+    ctx = await api_ctx(request)
+    pid = project_for(ctx, project_id)
+    factory = gw_of(request).factory
+    try:
+        out = await asyncio.to_thread(trainer_api.verifier_settings, factory, pid)
+    except LookupError as e:
+        raise APIError(404, str(e)) from None
+    return JSONResponse(queries.jsonable(out))
+
+
+@router.put("/admin/api/projects/{project_id}/verifiers")
+@action_errors
+async def api_verifiers_put(project_id: str, request: Request) -> JSONResponse:
+    """Body ``{"verifiers": [...]}`` (null removes them); a bad spec is a 400 saying what
+    to fix, and nothing changes."""
+    from trainer import api as trainer_api
+
+    ctx = await api_ctx(request, post=True)
+    body = await _json_body(request)
+    if set(body) != {"verifiers"}:
+        raise APIError(400, 'the body must be {"verifiers": [...]} (null removes them)')
+    pid = project_for(ctx, project_id)
+    factory = gw_of(request).factory
+    try:
+        out = await asyncio.to_thread(
+            trainer_api.update_verifiers, factory, pid, body["verifiers"], ctx.actor
+        )
+    except LookupError as e:
+        raise APIError(404, str(e)) from None
+    except (TypeError, ValueError) as e:  # VerifierSpecError is a ValueError
+        raise APIError(400, f"verifiers not changed: {e}") from None
+    return JSONResponse(queries.jsonable(out))
+
+
+@router.get("/admin/api/sessions/{session_id}/credit")
+async def api_session_credit(session_id: str, request: Request) -> JSONResponse:
+    """Each turn's reward, the level that decided it and the ratings behind it (origin:
+    user, verifier, judge, next_turn, system; a judge's rationale and model)."""
+    from trainer import api as trainer_api
+
+    ctx = await api_ctx(request)
+    out = await asyncio.to_thread(trainer_api.session_credit, gw_of(request).factory, session_id)
+    if out is None or (ctx.scope is not None and out["project_id"] not in ctx.scope):
+        raise APIError(404, f"no session {session_id}")
+    return JSONResponse(queries.jsonable(out))
+
+
+@router.get("/admin/api/projects/{project_id}/learning-curve")
+@action_errors
+async def api_learning_curve(project_id: str, request: Request) -> JSONResponse:
+    """Per policy version: requests, rated interactions, mean reward, eval gate score."""
+    from trainer import api as trainer_api
+
+    ctx = await api_ctx(request)
+    pid = project_for(ctx, project_id)
+    items = await asyncio.to_thread(trainer_api.learning_curve, gw_of(request).factory, pid)
+    return JSONResponse({"project_id": pid, "items": queries.jsonable(items)})

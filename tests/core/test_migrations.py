@@ -22,6 +22,7 @@ TABLES = {
     "policy_versions",
     "training_runs",
     "audit_events",
+    "judge_calls",
 }
 
 
@@ -49,7 +50,7 @@ def test_cli_migrate_creates_full_schema(db_url, monkeypatch):
         [sys.executable, "-m", "rlgate.cli", "migrate"], capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
-    assert "revision 0002" in out.stdout
+    assert "revision 0003" in out.stdout
     assert _tables(db_url) == TABLES
 
 

@@ -1,0 +1,239 @@
+"""Running the LLM judge on a closed session (the verifier task's ``judge`` spec,
+trainer/hooks.py): which targets each mode judges, and the sibling sessions of a task
+for the ``group`` mode. The calls themselves are trainer/judge.py's."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from core.feedback import FeedbackInput
+from schemas.atdp import Interaction
+from schemas.atdp import Session as SessionRecord
+from schemas.convert import to_record
+from schemas.tables import InteractionRow, SessionRow
+from trainer import judge
+from trainer import judge_text as jt
+
+log = logging.getLogger("rlgate.judge")
+
+MAX_GROUP = 16  # choices of an n > 1 turn judged in one call
+SIBLING_LOOKBACK = 64  # closed sessions of a task looked at for a group
+
+
+def run_judge(
+    factory: sessionmaker[Session],
+    session: SessionRecord,
+    interactions: list[Interaction],
+    spec: dict[str, Any],
+    store: judge.Store,
+) -> list[dict[str, Any]]:
+    """Judge the closed ``session`` as ``spec`` says; returns the stored feedback (JSON).
+    Never raises for a judge failure: those are retried, skipped and counted."""
+    cfg = judge.settings_for(spec)
+    caller = judge.Caller(factory, session.project_id, session.id, cfg)
+    steps = turns(interactions)
+    if not steps:
+        return []
+    final, mode = steps[-1], cfg["mode"]
+    if mode == "next_turn":
+        return run_next_turn_mode(caller, session, interactions, store)
+    if mode == "session":
+        return run_session_mode(caller, session, final, store)
+    if len(final) > 1:  # group: the choices of the final n > 1 request
+        members = [("interaction", a.id, a) for a in final[:MAX_GROUP]]
+        keys = [f"judge:group:{a.id}" for _, _, a in members]
+        if judge.judged(factory, session.project_id, keys):
+            return []
+        return judge_group(caller, members, store)
+    if session.task_id is None:
+        log.info(
+            "judge (group) skips session %s: no task_id and no n > 1 answer to compare with; "
+            "use mode 'session' for single trajectories",
+            session.id,
+        )
+        return []
+    group = sibling_group(factory, session.project_id, session.task_id, cfg["group_size"])
+    if not group:
+        return []
+    return judge_group(caller, [("session", sid, a) for sid, a in group], store)
+
+
+def sibling_group(
+    factory: sessionmaker[Session], project_id: str, task_id: str, size: int
+) -> list[tuple[str, Interaction]]:
+    """The ``size`` oldest closed, not yet judged sessions of the task whose final turn is
+    one answer, with that answer; [] while fewer are closed (a later close judges them)."""
+    with factory() as db:
+        sids = list(
+            db.scalars(
+                select(SessionRow.id)
+                .where(
+                    SessionRow.project_id == project_id,
+                    SessionRow.task_id == task_id,
+                    SessionRow.status != "open",
+                )
+                .order_by(SessionRow.last_activity_at.desc(), SessionRow.id.desc())
+                .limit(SIBLING_LOOKBACK)
+            ).all()
+        )
+    done = judge.judged(factory, project_id, [f"judge:group:{s}" for s in sids])
+    sids = [s for s in reversed(sids) if f"judge:group:{s}" not in done]  # oldest first
+    if len(sids) < size:
+        log.info(
+            "judge (group): task %s has %d of %d sessions to compare", task_id, len(sids), size
+        )
+        return []
+    with factory() as db:
+        rows = db.scalars(
+            select(InteractionRow)
+            .where(InteractionRow.session_id.in_(sids))
+            .order_by(InteractionRow.seq)
+        ).all()
+        by_session: dict[str, list[Interaction]] = {}
+        for row in rows:
+            rec = to_record(row)
+            assert isinstance(rec, Interaction)
+            by_session.setdefault(row.session_id, []).append(rec)
+    group = []
+    for sid in sids:
+        steps = turns(by_session.get(sid, []))
+        if steps and len(steps[-1]) == 1:
+            group.append((sid, steps[-1][0]))
+        if len(group) == size:
+            return group
+    return []
+
+
+# ---- the modes ---------------------------------------------------------------------------
+
+
+def _scored(mode: str, target: str, ref: str, verdict: jt.Verdict, model: str) -> FeedbackInput:
+    return FeedbackInput(
+        target=target,
+        ref=ref,
+        value=verdict.score,
+        scale="scalar",
+        scale_min=0.0,
+        scale_max=1.0,
+        reward=2.0 * verdict.score - 1.0,
+        source="judge",
+        rater=f"judge:{mode}",
+        idempotency_key=f"judge:{mode}:{ref}",
+        rationale=verdict.rationale or None,
+        judge_model=model,
+    )
+
+
+def turns(interactions: list[Interaction]) -> list[list[Interaction]]:
+    """The session's requests in order: one list per request (the choices of n > 1)."""
+    live = sorted((i for i in interactions if i.finish_reason != "abort"), key=lambda i: i.seq)
+    out: list[list[Interaction]] = []
+    index: dict[str, list[Interaction]] = {}
+    for i in live:
+        if i.group_id is not None and i.group_id in index:
+            index[i.group_id].append(i)
+            continue
+        out.append([i])
+        if i.group_id is not None:
+            index[i.group_id] = out[-1]
+    return [sorted(t, key=lambda i: i.choice_index) for t in out]
+
+
+def run_session_mode(
+    caller: judge.Caller, session: SessionRecord, final: list[Interaction], store: judge.Store
+) -> list[dict[str, Any]]:
+    cfg, whole = caller.cfg, len(final) == 1
+    refs = [session.id] if whole else [a.id for a in final]
+    done = judge.judged(caller.factory, session.project_id, [f"judge:session:{r}" for r in refs])
+    out = []
+    for answer, ref in zip(final, refs, strict=True):
+        if f"judge:session:{ref}" in done:
+            continue
+        verdict = caller.ask(
+            jt.session_prompt(cfg["rubric"], jt.transcript(answer)), jt.parse_session
+        )
+        if verdict is not None:
+            fb = store(
+                _scored(
+                    "session", "session" if whole else "interaction", ref, verdict, cfg["model"]
+                )
+            )
+            out += [fb] if fb else []
+    return out
+
+
+def run_next_turn_mode(
+    caller: judge.Caller,
+    session: SessionRecord,
+    interactions: list[Interaction],
+    store: judge.Store,
+) -> list[dict[str, Any]]:
+    cfg = caller.cfg
+    by_id = {i.id: i for i in interactions}
+    pairs: list[tuple[Interaction, str]] = []
+    steps = turns(interactions)
+    for before, after in zip(steps, steps[1:], strict=False):
+        nxt = after[0]
+        prev = by_id.get(nxt.parent_id or "") or (before[0] if len(before) == 1 else None)
+        reply = jt.next_user_message(nxt)
+        if prev is not None and reply:
+            pairs.append((prev, reply))
+    done = judge.judged(
+        caller.factory, session.project_id, [f"judge:next_turn:{p.id}" for p, _ in pairs]
+    )
+    out = []
+    for prev, reply in pairs:
+        key = f"judge:next_turn:{prev.id}"
+        if key in done:
+            continue
+        previous = jt.transcript(prev, limit=6000)
+        verdict = caller.ask(jt.next_turn_prompt(previous, reply), jt.parse_next_turn)
+        if verdict is None or jt.NEXT_TURN_REWARDS.get(verdict.label or "") is None:
+            continue  # skipped (counted) or new_topic: no rating
+        inp = FeedbackInput(
+            target="interaction",
+            ref=prev.id,
+            value=verdict.score,
+            scale="scalar",
+            scale_min=-1.0,
+            scale_max=1.0,
+            reward=verdict.score,
+            source="judge",
+            rater="judge:next_turn",
+            comment=f"next turn: {verdict.label}",
+            idempotency_key=key,
+            rationale=verdict.rationale or None,
+            judge_model=cfg["model"],
+        )
+        fb = store(inp)
+        out += [fb] if fb else []
+    return out
+
+
+def judge_group(
+    caller: judge.Caller, members: list[tuple[str, str, Interaction]], store: judge.Store
+) -> list[dict[str, Any]]:
+    """One call for ``members`` ((target type, ref, answer) each), scored relatively."""
+    cfg = caller.cfg
+    answers = [a for _, _, a in members]
+    limit = max(2000, jt.MAX_TRANSCRIPT_CHARS * 2 // len(members))
+    shared = None
+    if all(a.request == answers[0].request for a in answers):  # choices of one request
+        shared = jt.context(answers[0].request)
+        convs = [jt.clip(jt.answer_text(a), limit) for a in answers]
+    else:
+        convs = [jt.transcript(a, limit=limit) for a in answers]
+    verdicts = caller.ask(
+        jt.group_prompt(cfg["rubric"], convs, shared), lambda t: jt.parse_group(t, len(members))
+    )
+    if verdicts is None:
+        return []
+    out = []
+    for (target, ref, _), verdict in zip(members, verdicts, strict=True):
+        fb = store(_scored("group", target, ref, verdict, cfg["model"]))
+        out += [fb] if fb else []
+    return out
