@@ -39,6 +39,8 @@ def extends(later: Sample, earlier: Sample) -> bool:
     if len(later.prompt_ids) < n:
         return False
     lp = later.prompt_ids
+    if c and lp[n - 1] != c[-1]:  # a cheap first look
+        return False
     return lp[: len(p)] == p and lp[len(p) : n] == c
 
 

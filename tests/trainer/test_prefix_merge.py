@@ -134,6 +134,43 @@ def test_switch_and_run_metrics() -> None:
     assert (m["merged_turns"], m["forward_tokens"], m["forward_tokens_saved"]) == (8, 500, 300)
 
 
+def test_selected_rows_carry_their_session(migrated_db) -> None:  # type: ignore[no-untyped-def]
+    """select_samples gives each turn its session: a session's extending turns form one
+    chain; the same tokens in another session, and a turn that does not extend, do not."""
+    from core.db import transaction
+    from schemas.coltypes import utcnow
+    from schemas.tables import InteractionRow, SessionRow
+    from tests.trainer.helpers import make_project
+    from trainer.data import select_samples
+
+    pid = make_project(migrated_db, {})
+    p0, c0, c1 = [1, 2, 3], [4, 5], [6]
+    p1 = p0 + c0 + [7, 8]
+    turns = {  # session -> (prompt, completion) per turn
+        "sA": [(p0, c0), (p1, c1), (p1 + c1 + [9], [10]), (p1 + [99], [11])],
+        "sB": [(p1, [12])],
+    }
+    with transaction(migrated_db) as db:
+        for sid, rows in turns.items():
+            db.add(SessionRow(id=sid, project_id=pid, task_id="t"))
+            db.flush()
+            for k, (prompt, comp) in enumerate(rows):
+                db.add(InteractionRow(
+                    id=f"{sid}-{k}", project_id=pid, session_id=sid, seq=k, group_id=None,
+                    choice_index=0, request={"messages": []}, prompt_token_ids=prompt,
+                    completion_token_ids=comp, completion_logprobs=[-0.5] * len(comp),
+                    temperature=1.0, top_p=1.0, policy_version="base", finish_reason="stop",
+                    output={"text": "x"}, usage={}, created_at=utcnow(), reward=0.5,
+                ))  # fmt: skip
+    with migrated_db() as db:
+        sel = select_samples(db, pid, max_staleness=2, max_samples=100, group_by_prompt=True)
+    assert {s.interaction_id: s.session_id for s in sel.samples} == {
+        "sA-0": "sA", "sA-1": "sA", "sA-2": "sA", "sA-3": "sA", "sB-0": "sB"
+    }  # fmt: skip
+    rows = sorted([s.interaction_id for s in r] for r in chains(sel.samples))
+    assert rows == [["sA-0", "sA-1", "sA-2"], ["sA-3"], ["sB-0"]]
+
+
 # ---- the same numbers (real packaged model, float32 CPU) ----------------------------
 
 
