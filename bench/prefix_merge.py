@@ -13,7 +13,8 @@ returned it (content and parsed ``tool_calls``) and a ``tool`` message: the resu
 the calls the model made, or, when it made none, the ``lookup`` result the task needs
 (the base model rarely emits a parseable call; the script then plays the tool-using
 framework). Each session then gets one rating at its end through ``POST /feedback``
-(reward +1 when the last answer contains the right number, else -1), and the product's
+(a thumbs up, reward +1, when the last answer contains the right number, else a
+thumbs down, -1), and the product's
 credit assignment (gamma 0.8) carries it to the turns.
 
 Training: the recorded rows as a run selects them (trainer/data.py, advantages as in a
@@ -126,7 +127,7 @@ def _session(gw: str, key: str, sid: str, q: int, turns: int, seed: int) -> dict
                 result = _tool_result("lookup", {"item": item}, item)
                 messages.append({"role": "tool", "tool_call_id": f"call_{t}", "content": result})
         reward = 1.0 if str(_price(item) + extra) in text else -1.0
-        fb = client.post("/feedback", json={"session_id": internal_sid, "reward": reward})
+        fb = client.post("/feedback", json={"session_id": internal_sid, "value": reward > 0})
         fb.raise_for_status()
     return {"tool_calls": calls_made, "reward": reward}
 
