@@ -77,6 +77,9 @@ class TrainConfig:
     max_staleness: int = 2  # policy versions a sample may lag the serving one
     max_samples: int = 1024  # per run, oldest first
     group_by_prompt: bool = True  # same prompt ids = one group (besides group_id)
+    # forward the turns of a session that extend each other token-exactly as one sequence
+    # (trainer/merge.py); the loss is the same either way, only the forward is cheaper
+    merge_turns: bool = True
     # advantages
     std_normalize: bool = True
     leave_one_out: bool = False

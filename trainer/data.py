@@ -1,8 +1,9 @@
 """Which recorded interactions a run trains on, and the samples built from them.
 
 One sample per interaction: the rendered prompt (masked) followed by the sampled
-completion ids (trained), with the recorded per-token logprobs and temperature.
-Prefix-merging of a session branch into one sequence is not implemented.
+completion ids (trained), with the recorded per-token logprobs and temperature, and its
+session: the turns of a session that extend each other token-exactly are forwarded as one
+sequence (trainer/merge.py), each still its own sample in the loss.
 Samples of a version newer than the serving one (it was rolled back) are skipped and stay
 unconsumed. Records marked redacted (``request["rlgate_redaction"]["redacted"]``: the
 gateway redacted them or retention purged them) are never selected or counted.
@@ -35,6 +36,7 @@ class Sample:
     baseline_key: str  # running baseline of singletons (the session's task, or "_default")
     advantage: float = 0.0
     version: int = 0  # the policy version that sampled it (base = 0)
+    session_id: str = ""  # turns of one session may be merged (trainer/merge.py); "": never
 
     @property
     def length(self) -> int:
@@ -149,6 +151,7 @@ def select_samples(
                 group_key=group_key,
                 baseline_key=task_id or "_default",
                 version=version,
+                session_id=row.session_id or "",
             )
         )
     return out

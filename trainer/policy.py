@@ -7,16 +7,18 @@
 - Forward passes run length-sorted, right-padded micro-batches (similar lengths share a
   batch, so little is padding) and apply the LM head only at the positions that predict
   sampled tokens. Samples with the same prompt (a GRPO group) forward it once and reuse
-  its KV cache for their completions. (Packing many sequences into one row would need a
-  varlen attention kernel; with a block-diagonal mask, attention over a 4k-token row
-  costs far more than the model itself for agent-length samples on CPU.)
+  its KV cache for their completions. With ``merge_turns`` the turns of a session that
+  extend each other are one row (trainer/merge.py: the loss is unchanged). (Packing
+  unrelated sequences into one row would need a varlen attention kernel; with a
+  block-diagonal mask, attention over a 4k-token row costs far more than the model
+  itself for agent-length samples on CPU.)
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ import torch
 from trainer.config import TrainConfig
 from trainer.data import Sample
 from trainer.loss import token_entropy, token_logprobs
+from trainer.merge import chains, merged_turns
 
 log = logging.getLogger("rlgate.trainer")
 
@@ -40,50 +43,90 @@ def pick_device() -> tuple[torch.device, torch.dtype]:
 
 @dataclass
 class MicroBatch:
-    """Samples forwarded together. Samples that share a prompt (a GRPO group) share its
+    """Samples forwarded together, as ``rows``: one row per sample, or one row per chain
+    of turns merged by trainer/merge.py (the chain's last turn holds the others as a
+    prefix). ``samples`` is the rows' samples in order; logprobs come back in that order.
+    Samples that share a prompt (a GRPO group, rows of one sample each) share its
     forward: the prompt runs once and its KV cache serves every completion."""
 
     samples: list[Sample]
+    rows: list[list[Sample]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.rows:
+            self.rows = [[s] for s in self.samples]
+        flat = [s for r in self.rows for s in r]
+        assert len(flat) == len(self.samples)
+        assert all(a is b for a, b in zip(flat, self.samples, strict=True))
+
+    @classmethod
+    def of_rows(cls, rows: list[list[Sample]]) -> MicroBatch:
+        return cls([s for r in rows for s in r], rows)
 
     @property
     def tokens(self) -> int:
+        """Tokens of the samples (each turn's prompt + completion)."""
         return sum(s.length for s in self.samples)
 
     @property
+    def forward_tokens(self) -> int:
+        """Tokens the forward computes, padding aside: a shared prompt once, a merged
+        row once."""
+        if self.shares_prompts:
+            prompts = {tuple(s.prompt_ids) for s in self.samples}
+            return sum(map(len, prompts)) + sum(len(s.completion_ids) for s in self.samples)
+        return sum(r[-1].length for r in self.rows)
+
+    @property
     def padded_tokens(self) -> int:
-        return _cost(self.samples)
+        return _cost(self.rows)
+
+    @property
+    def merged_turns(self) -> int:
+        return merged_turns(self.rows)
 
     @property
     def shares_prompts(self) -> bool:
+        if any(len(r) > 1 for r in self.rows):
+            return False
         return len({tuple(s.prompt_ids) for s in self.samples}) < len(self.samples)
 
 
-def _cost(samples: list[Sample]) -> int:
+def _cost(rows: list[list[Sample]]) -> int:
     """Tokens a forward computes: one padded row per distinct prompt, then (when prompts
-    repeat) one padded row per completion; otherwise one padded row per sample."""
+    repeat and nothing is merged) one padded row per completion; otherwise one padded row
+    per sample or merged chain."""
+    samples = [s for r in rows for s in r]
     prompts = {tuple(s.prompt_ids) for s in samples}
-    if len(prompts) == len(samples):
-        return len(samples) * max(s.length for s in samples)
+    if len(prompts) == len(samples) or len(rows) < len(samples):
+        return len(rows) * max(r[-1].length for r in rows)
     longest_prompt = max(len(p) for p in prompts)
     longest_completion = max(len(s.completion_ids) for s in samples)
     return len(prompts) * longest_prompt + len(samples) * longest_completion
 
 
-def make_micro_batches(samples: list[Sample], budget: int) -> list[MicroBatch]:
-    """Samples with the same prompt stay together; groups go longest first into batches
-    while the batch's forward stays within ``budget`` tokens (a group over the budget gets
-    a batch of its own)."""
-    groups: dict[tuple[int, ...], list[Sample]] = {}
-    for s in samples:
-        groups.setdefault(tuple(s.prompt_ids), []).append(s)
-    ordered = sorted(groups.values(), key=lambda g: max(s.length for s in g), reverse=True)
-    batches: list[list[Sample]] = []
-    for group in ordered:
-        if batches and _cost(batches[-1] + group) <= budget:
-            batches[-1].extend(group)
+def make_micro_batches(samples: list[Sample], budget: int, merge: bool = False) -> list[MicroBatch]:
+    """Samples with the same prompt stay together, and so do (with ``merge``) the turns of
+    a session merged into one row (trainer/merge.py); these units go longest first into
+    batches while the batch's forward stays within ``budget`` tokens (a unit over the
+    budget gets a batch of its own). A merged row is as long as its last turn's own row."""
+    rows = chains(samples) if merge else [[s] for s in samples]
+    groups: dict[tuple[int, ...], list[list[Sample]]] = {}
+    merged: list[list[list[Sample]]] = []
+    for row in rows:
+        if len(row) > 1:
+            merged.append([row])
         else:
-            batches.append(list(group))
-    return [MicroBatch(b) for b in batches]
+            groups.setdefault(tuple(row[0].prompt_ids), []).append(row)
+    units = list(groups.values()) + merged
+    ordered = sorted(units, key=lambda u: max(r[-1].length for r in u), reverse=True)
+    batches: list[list[list[Sample]]] = []
+    for unit in ordered:
+        if batches and _cost(batches[-1] + unit) <= budget:
+            batches[-1].extend(unit)
+        else:
+            batches.append(list(unit))
+    return [MicroBatch.of_rows(b) for b in batches]
 
 
 def lora_config_dict(cfg: TrainConfig) -> dict[str, Any]:
@@ -241,16 +284,20 @@ class Policy:
         return torch.cat(pieces)
 
     def padded_hidden(self, batch: MicroBatch) -> torch.Tensor:
-        """One right-padded row per sample (prompt + completion)."""
-        width = max(s.length for s in batch.samples)
-        ids = torch.zeros(len(batch.samples), width, dtype=torch.long)
-        attention = torch.zeros(len(batch.samples), width, dtype=torch.long)
+        """One right-padded row per sample (prompt + completion), or per merged chain (its
+        last turn's prompt + completion), read at the positions that predict each turn's
+        sampled tokens: never at the tokens between turns (trainer/merge.py)."""
+        width = max(r[-1].length for r in batch.rows)
+        ids = torch.zeros(len(batch.rows), width, dtype=torch.long)
+        attention = torch.zeros(len(batch.rows), width, dtype=torch.long)
         gather: list[int] = []
-        for row, s in enumerate(batch.samples):
-            ids[row, : s.length] = torch.tensor(s.prompt_ids + s.completion_ids)
-            attention[row, : s.length] = 1
-            start = row * width + len(s.prompt_ids) - 1  # position predicting token 0
-            gather.extend(range(start, start + len(s.completion_ids)))
+        for i, row in enumerate(batch.rows):
+            last = row[-1]
+            ids[i, : last.length] = torch.tensor(last.prompt_ids + last.completion_ids)
+            attention[i, : last.length] = 1
+            for s in row:
+                start = i * width + len(s.prompt_ids) - 1  # position predicting token 0
+                gather.extend(range(start, start + len(s.completion_ids)))
         dev = self.device
         causal = self.model.get_base_model()
         hidden = causal.get_decoder()(

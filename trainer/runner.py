@@ -333,7 +333,8 @@ def _commit(
 
 
 def run_metrics(steps: list[dict[str, Any]], zero_variance_share: float) -> dict[str, Any]:
-    """One run's summary: means over its steps, and whether the trust region stopped it."""
+    """One run's summary: means over its steps, whether the trust region stopped it, and
+    what the prefix merge saved."""
     out: dict[str, Any] = {"zero_variance_share": zero_variance_share, "steps": len(steps)}
     for key in (
         "entropy",
@@ -347,4 +348,9 @@ def run_metrics(steps: list[dict[str, Any]], zero_variance_share: float) -> dict
         values = [float(s[key]) for s in steps if isinstance(s.get(key), int | float)]
         out[key] = statistics.fmean(values) if values else None
     out["stopped_early"] = any(s.get("stopped_early") for s in steps)
+    # prefix merge (trainer/merge.py): turns trained inside a merged row (first epoch), and
+    # tokens forwarded / saved against one row per turn by all of the run's passes
+    out["merged_turns"] = sum(int(s.get("merged_turns", 0)) for s in steps if not s.get("epoch"))
+    for key in ("forward_tokens", "forward_tokens_saved"):
+        out[key] = sum(int(s.get(key, 0)) + int(s.get(f"no_grad_{key}", 0)) for s in steps)
     return out

@@ -17,7 +17,8 @@ from tqdm.auto import tqdm
 from trainer.config import TrainConfig
 from trainer.data import Sample
 from trainer.loss import ppo_loss
-from trainer.policy import Policy, make_micro_batches
+from trainer.merge import units as merge_units
+from trainer.policy import MicroBatch, Policy, make_micro_batches
 
 log = logging.getLogger("rlgate.trainer")
 MEAN_KEYS = (
@@ -51,12 +52,13 @@ def _pad(rows: list[torch.Tensor]) -> torch.Tensor:
 def minibatches(samples: list[Sample], n: int, rng: random.Random) -> list[list[Sample]]:
     """``n`` minibatches of one epoch, in a shuffled order. The samples of one prompt (a
     GRPO group) stay in one minibatch, so its forward runs the prompt once (trainer/policy.py:
-    about 5x fewer tokens for groups of 8 short answers); groups are dealt largest first to
-    the smallest minibatch. With fewer groups than ``n``, samples are dealt one by one."""
-    by_prompt: dict[tuple[int, ...], list[Sample]] = {}
-    for s in samples:
-        by_prompt.setdefault(tuple(s.prompt_ids), []).append(s)
-    units = list(by_prompt.values())
+    about 5x fewer tokens for groups of 8 short answers), and so do the turns of a session
+    that extend each other (trainer/merge.py), so they can be one row. This holds whether
+    ``merge_turns`` is on or not: the switch changes how a minibatch is forwarded, never
+    which samples share a step. Units are dealt largest first to the smallest minibatch.
+    With fewer units than ``n``, samples are dealt one by one (the turns of a session then
+    merge within each minibatch: extension is transitive)."""
+    units = merge_units(samples)
     if len(units) < n:
         units = [[s] for s in samples]
     rng.shuffle(units)
@@ -66,6 +68,22 @@ def minibatches(samples: list[Sample], n: int, rng: random.Random) -> list[list[
         min(out, key=len).extend(unit)
     rng.shuffle(out)
     return [b for b in out if b]
+
+
+def forward_stats(
+    batches: list[MicroBatch], samples: list[Sample], cfg: TrainConfig
+) -> dict[str, int]:
+    """Tokens these micro-batches forward, tokens the merge saved against one row per turn
+    (same budget), and turns forwarded inside merged rows."""
+    done = sum(b.forward_tokens for b in batches)
+    if not cfg.merge_turns:
+        return {"forward_tokens": done, "forward_tokens_saved": 0, "merged_turns": 0}
+    per_turn = make_micro_batches(samples, cfg.micro_batch_tokens, merge=False)
+    return {
+        "forward_tokens": done,
+        "forward_tokens_saved": sum(b.forward_tokens for b in per_turn) - done,
+        "merged_turns": sum(b.merged_turns for b in batches),
+    }
 
 
 def train(
@@ -91,6 +109,12 @@ def train(
     forward (detached) and only the other samples get a separate no-gradient pass: a run
     of one step costs one forward and one backward. (Not with LoRA dropout, where the
     training forward is not the proximal one.)
+
+    With ``cfg.merge_turns`` every forward (proximal, base, training) runs the turns of a
+    session that extend each other as one row (trainer/merge.py; the loss is unchanged).
+    Each step records ``forward_tokens``, ``forward_tokens_saved`` (against one row per
+    turn) and ``merged_turns``; the first step also the no-gradient passes before it
+    (``no_grad_forward_tokens``, ``no_grad_forward_tokens_saved``).
     """
     loss_cfg = cfg.loss_config()
     dev = policy.device
@@ -100,12 +124,16 @@ def train(
     reuse_first = cfg.lora_dropout == 0.0
     first_ids = {s.interaction_id for s in epochs[0][0]} if reuse_first else set()
     rest = [s for s in samples if s.interaction_id not in first_ids]
-    prox = policy.logprobs(make_micro_batches(rest, cfg.micro_batch_tokens), adapter=True)
-    ref = (
-        policy.logprobs(make_micro_batches(samples, cfg.micro_batch_tokens), adapter=False)
-        if cfg.kl_coef
-        else None
-    )
+    budget, merge = cfg.micro_batch_tokens, cfg.merge_turns
+    prox_batches = make_micro_batches(rest, budget, merge)
+    prox = policy.logprobs(prox_batches, adapter=True)
+    no_grad = forward_stats(prox_batches, rest, cfg)
+    ref = None
+    if cfg.kl_coef:
+        ref_batches = make_micro_batches(samples, budget, merge)
+        ref = policy.logprobs(ref_batches, adapter=False)
+        for k, v in forward_stats(ref_batches, samples, cfg).items():
+            no_grad[k] += v
     steps: list[dict[str, Any]] = []
     total = cfg.epochs * n_mb
     bar = tqdm(total=total, desc="train", unit="step", file=sys.stderr, disable=not progress)
@@ -113,7 +141,7 @@ def train(
     for epoch, batches in enumerate(epochs):
         for mb_index, batch in enumerate(batches):
             started = time.perf_counter()
-            micro = make_micro_batches(batch, cfg.micro_batch_tokens)
+            micro = make_micro_batches(batch, budget, merge)
             num_tokens = float(sum(len(s.completion_ids) for s in batch))
             num_seqs = float(len(batch))
             opt.zero_grad(set_to_none=True)
@@ -183,10 +211,14 @@ def train(
                 "num_tokens": int(num_tokens),
                 "batch_tokens": seen_tokens,
                 "micro_batches": len(micro),
+                **forward_stats(micro, batch, cfg),
                 "seconds": elapsed,
                 "tokens_per_s": seen_tokens / elapsed if elapsed > 0 else 0.0,
                 "lr": opt.param_groups[0]["lr"],
             }
+            if not steps:  # the no-gradient passes before the first step
+                metrics["no_grad_forward_tokens"] = no_grad["forward_tokens"]
+                metrics["no_grad_forward_tokens_saved"] = no_grad["forward_tokens_saved"]
             steps.append(metrics)
             log.info(
                 "step %d/%d loss=%.4f reward=%.3f clip=%.3f iw=%.3f masked=%.3f "
