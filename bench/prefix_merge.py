@@ -133,7 +133,7 @@ def _session(gw: str, key: str, sid: str, q: int, turns: int, seed: int) -> dict
 
 
 def record(args: argparse.Namespace) -> tuple[str, str]:
-    from gateway.migrate import upgrade
+    from core.migrate import upgrade
     from tests.servers import MODEL_CACHE, engine_cmd, free_port, gateway, running
 
     data = Path(args.keep or tempfile.mkdtemp(prefix="prefix-merge-"))

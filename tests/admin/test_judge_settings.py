@@ -17,7 +17,7 @@ import pytest
 
 from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
-from gateway.migrate import upgrade
+from core.migrate import upgrade
 from schemas.coltypes import utcnow
 from schemas.convert import to_row
 from schemas.tables import AuditEventRow, FeedbackRow, JudgeCallRow, ProjectRow, SessionRow

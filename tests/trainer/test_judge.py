@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from core.db import make_engine, session_factory
 from core.keys import create_key, ensure_project
-from gateway.migrate import upgrade
+from core.migrate import upgrade
 from schemas.coltypes import utcnow
 from schemas.convert import to_row
 from schemas.tables import FeedbackRow, InteractionRow, JudgeCallRow

@@ -27,8 +27,8 @@ from sqlalchemy import func, select
 
 from core.db import make_engine, session_factory, transaction
 from core.keys import create_key, ensure_project
+from core.migrate import upgrade
 from core.settings import get_settings
-from gateway.migrate import upgrade
 from schemas.coltypes import utcnow
 from schemas.convert import to_row
 from schemas.tables import FeedbackRow, InteractionRow, JudgeCallRow

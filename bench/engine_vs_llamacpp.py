@@ -1,0 +1,233 @@
+"""The embedded engine against llama.cpp on the same packaged GGUF, side by side in one run.
+
+    python3 -m venv /tmp/llamacpp && /tmp/llamacpp/bin/pip install 'llama-cpp-python[server]'
+    .venv/bin/python bench/engine_vs_llamacpp.py --llamacpp-python /tmp/llamacpp/bin/python
+
+Both servers run at once on this machine with the same thread count (``--threads``, default
+all cores): the embedded engine (``python -m engine``, float32 weights converted once from
+the GGUF) and llama-cpp-python's OpenAI server (``python -m llama_cpp.server``) on the GGUF
+itself (Q4_1 for the packaged SmolLM2-135M). Each is measured with the other idle, in
+alternation, at 1 request at a time and at ``--concurrency`` requests at once: every
+request streams ``--max-new-tokens`` greedy tokens with end-of-sequence suppressed
+(``ignore_eos`` on the engine, a -100 logit bias on llama.cpp), so both produce the same
+number of tokens. It prints tokens/s, the median time to first token, and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+# ChatML prompts as the gateway renders them, so both engines see ordinary chat traffic.
+QUESTIONS = [
+    "Write a short story about a lighthouse keeper.",
+    "Explain how a bicycle stays upright.",
+    "List some uses of copper and why.",
+    "Describe a walk through a forest in autumn.",
+]
+
+
+def _prompt(i: int) -> str:
+    q = QUESTIONS[i % len(QUESTIONS)]
+    return (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        f"<|im_start|>user\n{q} (request {i})<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(cmd: list[str], url: str, health: str, env: dict[str, str]) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env)
+    deadline = time.monotonic() + 300
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"{cmd[:3]} exited during start-up")
+        try:
+            if httpx.get(url + health, timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.terminate()
+            raise SystemExit(f"{cmd[:3]} did not start in time")
+        time.sleep(0.5)
+
+
+# One streamed request -> (seconds to the first token, tokens received).
+Stream = Callable[[httpx.Client, int, int], tuple[float, int]]
+
+
+def engine_stream(client: httpx.Client, i: int, max_new: int) -> tuple[float, int]:
+    body = {
+        "text": _prompt(i),
+        "stream": True,
+        "sampling_params": {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True},
+    }
+    started, first, tokens = time.perf_counter(), None, 0
+    with client.stream("POST", "/generate", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            meta = json.loads(line[6:]).get("meta_info") or {}
+            tokens = int(meta.get("completion_tokens") or tokens)
+            if first is None and tokens > 0:
+                first = time.perf_counter() - started
+    return first if first is not None else float("nan"), tokens
+
+
+def llamacpp_stream(
+    eos_ids: tuple[int, ...],
+) -> Stream:
+    def run(client: httpx.Client, i: int, max_new: int) -> tuple[float, int]:
+        body = {
+            "prompt": _prompt(i),
+            "max_tokens": max_new,
+            "temperature": 0,
+            "stream": True,
+            "logit_bias": {str(t): -100.0 for t in eos_ids},
+        }
+        started, first, tokens = time.perf_counter(), None, 0
+        with client.stream("POST", "/v1/completions", json=body) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                choice = (json.loads(line[6:]).get("choices") or [{}])[0]
+                if choice.get("text") is not None and choice.get("finish_reason") is None:
+                    tokens += 1  # llama-cpp-python streams one chunk per sampled token
+                    if first is None:
+                        first = time.perf_counter() - started
+        return first if first is not None else float("nan"), tokens
+
+    return run
+
+
+def measure(url: str, stream: Stream, concurrency: int, requests: int, max_new: int) -> dict:
+    with httpx.Client(base_url=url, timeout=900) as client:
+        stream(client, 10_000, 4)  # warm-up
+        started = time.perf_counter()
+        with ThreadPoolExecutor(concurrency) as pool:
+            results = list(pool.map(lambda i: stream(client, i, max_new), range(requests)))
+        wall = time.perf_counter() - started
+    tokens = sum(t for _, t in results)
+    return {
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "ttft_s": statistics.median(f for f, _ in results),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--llamacpp-python", required=True, help="a Python with llama-cpp-python[server]"
+    )
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--data-dir", default=os.environ.get("RLGATE_DATA_DIR", "./rlgate-data"))
+    args = parser.parse_args()
+
+    from engine.model_files import packaged_gguf_path
+
+    gguf = packaged_gguf_path()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    e_port, l_port = _free_port(), _free_port()
+    e_url, l_url = f"http://127.0.0.1:{e_port}", f"http://127.0.0.1:{l_port}"
+    procs = [
+        _start(
+            [
+                sys.executable,
+                "-m",
+                "engine",
+                "--port",
+                str(e_port),
+                "--data-dir",
+                args.data_dir,
+                "--max-running-requests",
+                str(args.concurrency),
+                "--context-length",
+                "2048",
+                "--num-threads",
+                str(args.threads),
+                "--log-level",
+                "warning",
+            ],
+            e_url,
+            "/health",
+            env,
+        ),  # fmt: skip
+        _start(
+            [
+                args.llamacpp_python,
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                str(gguf),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(l_port),
+                "--n_ctx",
+                "2048",
+                "--n_threads",
+                str(args.threads),
+                "--n_threads_batch",
+                str(args.threads),
+            ],
+            l_url,
+            "/v1/models",
+            env,
+        ),  # fmt: skip
+    ]
+    runs = {
+        "embedded engine": (e_url, engine_stream),
+        "llama.cpp": (l_url, llamacpp_stream((0, 2))),
+    }
+    table: dict[tuple[str, int], dict] = {}
+    try:
+        for conc, n in ((1, 4), (args.concurrency, args.concurrency)):
+            for name, (url, stream) in runs.items():  # one after the other, the other idle
+                table[(name, conc)] = measure(url, stream, conc, n, args.max_new_tokens)
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=30)
+
+    print(f"packaged GGUF {gguf.name}; {args.threads} threads; {args.max_new_tokens} greedy tokens")
+    print(f"{'engine':18s} {'concurrent':>10s} {'tokens/s':>9s} {'TTFT p50':>9s} {'tokens':>7s}")
+    for (name, conc), m in table.items():
+        print(
+            f"{name:18s} {conc:10d} {m['tokens_per_s']:9.1f} {m['ttft_s'] * 1000:7.0f}ms"
+            f" {m['tokens']:7d}"
+        )
+    for conc in (1, args.concurrency):
+        e, ll = table[("embedded engine", conc)], table[("llama.cpp", conc)]
+        print(
+            f"at {conc:2d} concurrent: embedded / llama.cpp tokens/s = "
+            f"{e['tokens_per_s'] / ll['tokens_per_s']:.2f}x, TTFT ratio "
+            f"{e['ttft_s'] / ll['ttft_s']:.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()
