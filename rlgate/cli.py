@@ -74,6 +74,14 @@ def migrate(revision: str, down_to: str | None) -> None:
 
 
 @main.command()
+@click.option(
+    "--task",
+    type=click.Choice(["arithmetic", "tools"]),
+    default="arithmetic",
+    show_default=True,
+    help="arithmetic: single-turn sums, every answer rated. tools: a multi-turn tool loop "
+    "(three lookup tools), one rating per session at its end.",
+)
 @click.option("--minutes", type=float, default=20.0, show_default=True, help="How long to train.")
 @click.option("--port", type=int, default=8100, show_default=True, help="Gateway port.")
 @click.option("--engine-port", type=int, default=30100, show_default=True, help="Engine port.")
@@ -93,7 +101,13 @@ def migrate(revision: str, down_to: str | None) -> None:
     "after a swap once this much time has passed since the last evaluation (each one "
     "takes engine time from training traffic).",
 )
-@click.option("--group", type=int, default=8, show_default=True, help="Answers per question (n).")
+@click.option(
+    "--group",
+    type=int,
+    default=8,
+    show_default=True,
+    help="Answers per question (n), or sibling sessions per question with --task tools.",
+)
 @click.option(
     "--concurrency",
     type=int,
@@ -112,6 +126,7 @@ def migrate(revision: str, down_to: str | None) -> None:
 @click.option("--require-swap", is_flag=True, help="Exit 1 unless an adapter was swapped in.")
 @clean_errors
 def demo(
+    task: str,
     minutes: float,
     port: int,
     engine_port: int,
@@ -123,7 +138,7 @@ def demo(
     seed: int,
     require_swap: bool,
 ) -> None:
-    """Watch an agent learn arithmetic: serve, rate, train, hot-swap, evaluate.
+    """Watch an agent learn: serve, rate, train, hot-swap, evaluate.
 
     Runs the whole embedded stack on its own database under <data dir>/demo, which each
     run clears first (its database, adapters, spool and logs): every run starts from the
@@ -145,6 +160,7 @@ def demo(
         models.symlink_to((base.data_dir / "models").resolve())
     run_demo(
         settings,
+        task,
         minutes,
         port,
         engine_port,

@@ -1,217 +1,200 @@
-"""`rlgate demo`: watch an agent learn arithmetic through the gateway.
+"""`rlgate demo`: watch an agent learn through the gateway.
 
 The whole product runs: the embedded engine, the gateway, the Celery trainer with its
-schedule. An agent loop talks to the gateway over real HTTP with the OpenAI SDK on
-"What is a + b? Reply with only the number." (a, b in 1..20), `n` answers per question
-(a GRPO group); an exact-match verifier rates every answer through `POST /feedback`;
-training runs on its schedule and hot-swaps adapters; after a swap (at most once per
-``--eval-every`` seconds) a held-out set is answered greedily through the gateway.
-Training traffic keeps flowing while the trainer works and while the held-out set is
-evaluated. Prints accuracy over time and writes
-`curve.json` and `curve.png`. The task (questions, verifier, split, eval gate) is in
-``rlgate/demo_task.py``, the curve and its plot in ``rlgate/demo_curve.py``.
+schedule. An agent loop (rlgate/demo_agents.py) talks to the gateway over real HTTP with
+the OpenAI SDK and rates what it gets through ``POST /feedback``; training runs on its
+schedule and hot-swaps adapters; after a swap (at most once per ``--eval-every`` seconds)
+a held-out set is answered greedily through the gateway. Training traffic keeps flowing
+while the trainer works and while the held-out set is evaluated. Prints success over time
+and writes ``curve.json`` and ``curve.png`` (rlgate/demo_curve.py).
 
-The project trains with trainer/config.py's defaults (trust region, KL to the base model,
-guards) except the tempo settings in ``TRAINING``, the seed and the eval gate: before a
-new adapter serves, it answers a validation split of questions (never the held-out set
-the curve reports) greedily, scored by the registered ``exact_number`` verifier, and
-must not be worse than the serving one. ``--seed`` seeds the question split and order,
-the sampling seed of every request, and the trainer.
+Two tasks:
+
+- ``arithmetic`` (default): "What is a + b? Reply with only the number." after one worked
+  exchange, ``n`` answers per question (a GRPO group), each rated by exact match
+  (rlgate/demo_task.py).
+- ``tools``: a tool loop, three lookup tools; the agent must call the one the question
+  needs and answer with its value. ``group`` sibling sessions per question, one rating
+  per session at its end (rlgate/demo_tools.py).
+
+Both train with the same settings: trainer/config.py's defaults (trust region, KL to the
+base model, guards) except the tempo settings in ``TRAINING``, the seed and the eval gate:
+before a new adapter serves, it answers a validation split (never the held-out set the
+curve reports) greedily, scored by a registered verifier, and must not be worse than the
+serving one. ``--seed`` seeds the question split and order, the sampling seed of every
+request, and the trainer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import random
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
-import httpx
 
 from core.settings import Settings
+from rlgate import demo_task, demo_tools
+from rlgate.demo_agents import Agent, ArithmeticAgent, ToolAgent
 from rlgate.demo_curve import Curve, commit, plot
-from rlgate.demo_task import (
-    MAX_TOKENS,
-    PROJECT,
-    SAMPLING_TEMPERATURE,
-    TRAINING,
-    eval_gate,
-    exact_match,
-    messages,
-    score,
-    split_pairs,
-)
+from rlgate.demo_task import PROJECT, SAMPLING_TEMPERATURE, TRAINING
 from schemas.atdp import PolicyStatus
 
+TASKS = ("arithmetic", "tools")
 
-class Demo:
-    def __init__(
-        self, base: str, agent_key: str, admin_key: str, group: int, concurrency: int, seed: int
-    ) -> None:
-        from openai import AsyncOpenAI
 
-        self.client = AsyncOpenAI(
-            base_url=f"{base}/v1", api_key=agent_key, max_retries=3, timeout=300
+@dataclass
+class TaskSetup:
+    """What differs between the tasks: the questions, the gate, the agent, the engine."""
+
+    train: list[Any]
+    held_out: list[Any]
+    gate: dict
+    context_length: int
+    max_tokens: int
+    make_agent: Any  # (base, agent_key) -> Agent
+
+    @classmethod
+    def build(cls, task: str, model_dir: Path, eval_size: int, seed: int, group: int):
+        if task == "arithmetic":
+            train, held, val = demo_task.split_pairs(eval_size, seed)
+            return cls(
+                train,
+                held,
+                demo_task.eval_gate(model_dir, val),
+                512,  # prompts are ~50 tokens: a short context keeps each slot's KV small
+                demo_task.MAX_TOKENS,
+                lambda base, key: ArithmeticAgent(base, key, seed, group, train),
+            )
+        train, held, val = demo_tools.split_questions(eval_size, seed, demo_task.GATE_SIZE)
+        known = demo_tools.facts(seed)
+        return cls(
+            train,
+            held,
+            demo_tools.eval_gate(model_dir, val, 1024),
+            1024,  # ~600 prompt tokens (tools prompt, three worked sessions) + the loop
+            demo_tools.MAX_TOKENS,
+            lambda base, key: ToolAgent(base, key, seed, group, train, known),
         )
-        self.http = httpx.AsyncClient(
-            base_url=base, timeout=60, headers={"Authorization": f"Bearer {agent_key}"}
-        )
-        self.admin = {"Authorization": f"Bearer {admin_key}"}
-        self.group = group
-        self.concurrency = concurrency
-        self.rng = random.Random(seed)
-        self.version = "base"
 
-    async def ask(self, a: int, b: int, *, n: int, temperature: float) -> tuple[str, object]:
-        raw = await self.client.chat.completions.with_raw_response.create(
-            model="rlgate-policy",
-            messages=messages(a, b),
-            n=n,
-            temperature=temperature,
-            max_tokens=MAX_TOKENS,
-            seed=self.rng.randrange(2**31),
-        )
-        return raw.headers.get("x-rlgate-policy-version", "?"), raw.parse()
 
-    async def train_worker(
-        self, pairs: list[tuple[int, int]], curve: Curve, stop: asyncio.Event
-    ) -> None:
-        while not stop.is_set():
-            a, b = self.rng.choice(pairs)
-            try:
-                _, resp = await self.ask(a, b, n=self.group, temperature=SAMPLING_TEMPERATURE)
-            except Exception as e:  # noqa: BLE001 - a demo keeps going, and says why
-                click.echo(f"  (request failed: {e}; retrying)", err=True)
-                await asyncio.sleep(1)
-                continue
-            for choice in resp.choices:
-                value = score(choice.message.content, a + b)
-                curve.train_answers += 1
-                curve.train_correct += value == 1.0
-                target = resp.id if self.group == 1 else f"{resp.id}.{choice.index}"
-                body = {
-                    "interaction_id": target,
-                    "value": value,
-                    "scale": "scalar",
-                    "source": "verifier",
-                    "rater": "exact-match",
-                }
-                r = await self._call("POST", "/feedback", json=body)
-                if r is not None and r.status_code >= 400:
-                    click.echo(f"  (feedback refused: {r.status_code} {r.text[:200]})", err=True)
+async def evaluate(agent: Agent, questions: list[Any], concurrency: int) -> tuple[str, float]:
+    sem = asyncio.Semaphore(concurrency)
+    versions: set[str] = set()
 
-    async def _call(self, method: str, url: str, **kwargs: object) -> httpx.Response | None:
-        """One gateway call, tried up to 3 times on a transport error (a kept-alive
-        connection the server closed at the same moment is one); None when all fail."""
-        for attempt in range(3):
-            try:
-                return await self.http.request(method, url, **kwargs)  # type: ignore[arg-type]
-            except httpx.TransportError as e:
-                if attempt == 2:
-                    click.echo(f"  ({method} {url} failed: {e!r}; going on)", err=True)
-                await asyncio.sleep(0.5)
-        return None
+    async def one(q: Any) -> bool:
+        async with sem:
+            version, right = await agent.answer(q)
+            versions.add(version)
+            return right
 
-    async def evaluate(self, pairs: list[tuple[int, int]]) -> tuple[str, float]:
-        sem = asyncio.Semaphore(self.concurrency)
-        versions: set[str] = set()
+    results = await asyncio.gather(*[one(q) for q in questions])
+    return ",".join(sorted(versions)), sum(results) / len(results)
 
-        async def one(a: int, b: int) -> bool:
-            async with sem:
-                version, resp = await self.ask(a, b, n=1, temperature=0.0)
-                versions.add(version)
-                return exact_match(resp.choices[0].message.content, a + b)
 
-        results = await asyncio.gather(*[one(a, b) for a, b in pairs])
-        return ",".join(sorted(versions)), sum(results) / len(results)
+async def serving(agent: Agent, admin_key: str, current: str) -> str:
+    from rlgate.demo_agents import GatewayClient
 
-    async def serving(self) -> str:
-        r = await self._call(
-            "GET", "/admin/api/adapters", params={"project": PROJECT}, headers=self.admin
-        )
-        if r is None or r.status_code != 200:
-            return self.version
-        for item in r.json()["items"]:
-            if item["status"] == PolicyStatus.serving:
-                return item["name"]
-        return "base"
+    assert isinstance(agent, GatewayClient)
+    r = await agent.call(
+        "GET",
+        "/admin/api/adapters",
+        params={"project": PROJECT},
+        headers={"Authorization": f"Bearer {admin_key}"},
+    )
+    if r is None or r.status_code != 200:
+        return current
+    for item in r.json()["items"]:
+        if item["status"] == PolicyStatus.serving:
+            return item["name"]
+    return "base"
+
+
+async def _train_worker(agent: Agent, curve: Curve, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            right = await agent.train_round()
+        except Exception as e:  # noqa: BLE001 - a demo keeps going, and says why
+            click.echo(f"  (request failed: {e}; retrying)", err=True)
+            await asyncio.sleep(1)
+            continue
+        curve.train_answers += len(right)
+        curve.train_correct += sum(right)
 
 
 async def _run(
+    setup: TaskSetup,
     base: str,
     agent_key: str,
     admin_key: str,
     minutes: float,
-    eval_size: int,
     eval_every: float,
-    group: int,
+    workers: int,
     concurrency: int,
-    seed: int,
     curve: Curve,
     check_alive,
 ) -> None:
-    train_pairs, eval_pairs, _ = split_pairs(eval_size, seed)
-    demo = Demo(base, agent_key, admin_key, group, concurrency, seed)
-    click.echo(f"evaluating the base model on {len(eval_pairs)} held-out questions ...")
-    version, acc = await demo.evaluate(eval_pairs)
-    curve.add(version, acc, len(eval_pairs))
-    click.echo(f"[{0:5.1f} min] {version:>18s}  held-out accuracy {acc:6.1%}")
+    agent: Agent = setup.make_agent(base, agent_key)
+    held = setup.held_out
+    click.echo(f"evaluating the base model on {len(held)} held-out questions ...")
+    version, acc = await evaluate(agent, held, concurrency)
+    curve.add(version, acc, len(held))
+    click.echo(f"[{0:5.1f} min] {version:>18s}  held-out success {acc:6.1%}")
     stop = asyncio.Event()
-    workers = [
-        asyncio.create_task(demo.train_worker(train_pairs, curve, stop))
-        for _ in range(max(1, concurrency // group))
-    ]
+    tasks = [asyncio.create_task(_train_worker(agent, curve, stop)) for _ in range(workers)]
     deadline = curve.started + minutes * 60
     last_print = 0.0
     last_eval = time.monotonic()
-    seen = (0, 0)  # (answers, correct) at the last progress line
+    seen = (0, 0)  # (rated, right) at the last progress line
+    current = "base"
 
     async def evaluate_now(elapsed: float) -> None:
-        version, acc = await demo.evaluate(eval_pairs)
-        curve.add(version, acc, len(eval_pairs))
+        version, acc = await evaluate(agent, held, concurrency)
+        curve.add(version, acc, len(held))
         click.echo(
-            f"[{elapsed:5.1f} min] {version:>18s}  held-out accuracy {acc:6.1%}"
-            f"   (trained on {curve.train_answers} rated answers)"
+            f"[{elapsed:5.1f} min] {version:>18s}  held-out success {acc:6.1%}"
+            f"   (trained on {curve.train_answers} rated {agent.unit})"
         )
 
     try:
         while time.monotonic() < deadline:
             check_alive()
             await asyncio.sleep(2)
-            now_serving = await demo.serving()
+            now_serving = await serving(agent, admin_key, current)
             elapsed = (time.monotonic() - curve.started) / 60
-            if now_serving != demo.version and time.monotonic() - last_eval >= eval_every:
-                demo.version = now_serving
+            if now_serving != current and time.monotonic() - last_eval >= eval_every:
+                current = now_serving
                 last_eval = time.monotonic()
                 await evaluate_now(elapsed)
             elif time.monotonic() - last_print > 30:
                 last_print = time.monotonic()
-                answers = curve.train_answers - seen[0]
-                correct = curve.train_correct - seen[1]
+                rated = curve.train_answers - seen[0]
+                right = curve.train_correct - seen[1]
                 seen = (curve.train_answers, curve.train_correct)
                 click.echo(
                     f"[{elapsed:5.1f} min] {now_serving:>18s}  "
-                    f"{curve.train_answers} answers rated; {correct / max(1, answers):.1%} "
-                    "of the last ones exactly right (sampled at temperature "
+                    f"{curve.train_answers} {agent.unit} rated; {right / max(1, rated):.1%} "
+                    "of the last ones right (sampled at temperature "
                     f"{SAMPLING_TEMPERATURE:g})"
                 )
     finally:
         stop.set()
-        await asyncio.gather(*workers, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
     try:
-        final = await demo.serving()
-        if final != demo.version:  # the curve ends with the adapter serving at the end
-            demo.version = final
+        final = await serving(agent, admin_key, current)
+        if final != current:  # the curve ends with the adapter serving at the end
             await evaluate_now((time.monotonic() - curve.started) / 60)
     finally:
-        await demo.http.aclose()
+        await agent.http.aclose()
 
 
 def run_demo(
     settings: Settings,
+    task: str,
     minutes: float,
     port: int,
     engine_port: int,
@@ -223,6 +206,7 @@ def run_demo(
     seed: int,
     require_swap: bool,
 ) -> None:
+    import os
     import platform
 
     from core import migrate as mig
@@ -233,9 +217,9 @@ def run_demo(
 
     mig.upgrade(settings.effective_database_url)
     factory = session_factory(make_engine(settings.effective_database_url))
-    _, _, validation = split_pairs(eval_size, seed)
-    gate = eval_gate(resolve_model_dir(settings.model_path, settings.data_dir), validation)
-    training = {**TRAINING, "seed": seed, "eval_gate": gate}
+    model_dir = resolve_model_dir(settings.model_path, settings.data_dir)
+    setup = TaskSetup.build(task, model_dir, eval_size, seed, group)
+    training = {**TRAINING, "seed": seed, "eval_gate": setup.gate}
     with transaction(factory) as db:
         project = ensure_project(db, PROJECT)
         project.settings = {**(project.settings or {}), "training": training}
@@ -247,31 +231,34 @@ def run_demo(
         engine_port,
         trainer=True,
         extra_env={"RLGATE_TRAIN_TICK_S": "2", "RLGATE_DEFAULT_PROJECT": PROJECT},
-        # prompts are ~50 tokens: a short context keeps the KV cache of many slots small
         engine_args=(
             *("--max-running-requests", str(max(16, concurrency))),
-            *("--context-length", "512"),
+            *("--context-length", str(setup.context_length)),
         ),
     )
-    click.echo(f"rlgate demo: {minutes:g} minutes, groups of {group}, logs in {stack.logs}")
+    click.echo(
+        f"rlgate demo --task {task}: {minutes:g} minutes, groups of {group}, logs in {stack.logs}"
+    )
     curve = Curve()
 
     def on_term(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt  # unwinds into stack.stop() below
 
     signal.signal(signal.SIGTERM, on_term)
+    # the arithmetic agent's round is one request of n answers, the tool agent's is
+    # `group` sessions in flight at once: either way ~concurrency requests in flight
+    workers = max(1, concurrency // group)
     try:
         asyncio.run(
             _run(
+                setup,
                 stack.base,
                 agent_key,
                 admin_key,
                 minutes,
-                eval_size,
                 eval_every,
-                group,
+                workers,
                 concurrency,
-                seed,
                 curve,
                 stack.check_alive,
             )
@@ -280,8 +267,9 @@ def run_demo(
         stack.stop()
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    machine = f"{platform.machine()}, {__import__('os').cpu_count()} cores"
+    machine = f"{platform.machine()}, {os.cpu_count()} cores"
     summary = {
+        "task": task,
         "date": stamp,
         "machine": machine,
         "commit": commit(),
@@ -289,24 +277,25 @@ def run_demo(
         "minutes": minutes,
         "group_size": group,
         "concurrency": concurrency,
-        "eval_size": eval_size,
-        "sampling": {"temperature": SAMPLING_TEMPERATURE, "max_tokens": MAX_TOKENS},
+        "eval_size": len(setup.held_out),
+        "sampling": {"temperature": SAMPLING_TEMPERATURE, "max_tokens": setup.max_tokens},
         "training": {k: v for k, v in training.items() if k != "eval_gate"},
         "points": curve.points,
         "train_answers": curve.train_answers,
     }
     (out / "curve.json").write_text(json.dumps(summary, indent=2))
-    plot(curve, out / "curve.png", f"rlgate demo, seed {seed}, {stamp}, {machine}, {minutes:g} min")
+    title = f"rlgate demo --task {task}, seed {seed}, {stamp}, {machine}, {minutes:g} min"
+    plot(curve, out / "curve.png", title)
     first, last = curve.points[0], curve.points[-1]
     best = max(p["heldout_accuracy"] for p in curve.points)
     swaps = len({p["policy_version"] for p in curve.points}) - 1
     reached = next((p["minutes"] for p in curve.points if p["heldout_accuracy"] >= 0.5), None)
     click.echo(
-        f"\nheld-out accuracy: {first['heldout_accuracy']:.1%} (base) -> "
+        f"\nheld-out success: {first['heldout_accuracy']:.1%} (base) -> "
         f"{last['heldout_accuracy']:.1%} (last), best {best:.1%}"
         + (f", 50% first at minute {reached:.1f}" if reached is not None else "")
         + f"; {swaps} evaluated adapter versions (newest {last['policy_version']}); "
-        f"{curve.train_answers} rated answers"
+        f"{curve.train_answers} rated {'sessions' if task == 'tools' else 'answers'}"
     )
     click.echo(f"wrote {out / 'curve.json'} and {out / 'curve.png'}")
     if require_swap and (swaps < 1 or len(curve.points) < 2):
