@@ -119,7 +119,7 @@ async def _train_worker(agent: Agent, curve: Curve, stop: asyncio.Event) -> None
         try:
             right = await agent.train_round()
         except Exception as e:  # noqa: BLE001 - a demo keeps going, and says why
-            click.echo(f"  (request failed: {e}; retrying)", err=True)
+            click.echo(f"  (a round failed: {e!r}; retrying)", err=True)
             await asyncio.sleep(1)
             continue
         curve.train_answers += len(right)
