@@ -3,6 +3,7 @@ turns forwarded as one sequence (``merge_turns`` on) vs one row per turn (off).
 
     python bench/prefix_merge.py [--questions 4] [--sessions 4] [--turns 4] [--pairs 2]
     python bench/prefix_merge.py --db sqlite:////tmp/x/rlgate.db --project P   # reuse
+    python bench/prefix_merge.py --db sqlite:///demo.db --project demo --max-samples 64
 
 Recording (real traffic, not synthetic ids): an embedded engine (packaged SmolLM2-135M)
 and a gateway on a fresh SQLite database. A scripted agent runs ``--sessions`` sessions per
@@ -172,7 +173,7 @@ def record(args: argparse.Namespace) -> tuple[str, str]:
     return db_url, project
 
 
-def samples_of(db_url: str, project: str) -> list[Any]:
+def samples_of(db_url: str, project: str, max_kept: int | None = None) -> list[Any]:
     from trainer.advantages import Baselines, compute_advantages
     from trainer.config import TrainConfig
     from trainer.data import select_samples
@@ -184,7 +185,9 @@ def samples_of(db_url: str, project: str) -> list[Any]:
         sel = select_samples(
             db, project, max_staleness=2, max_samples=8192, group_by_prompt=cfg.group_by_prompt
         )
-    kept, _, stats = compute_advantages(sel.samples, Baselines(), max_kept=cfg.max_samples)
+    kept, _, stats = compute_advantages(
+        sel.samples, Baselines(), max_kept=max_kept or cfg.max_samples
+    )
     print(f"{rated} rated rows, {len(sel.samples)} selected, {len(kept)} kept ({vars(stats)})")
     return kept
 
@@ -230,6 +233,9 @@ def main() -> None:
     ap.add_argument("--keep", help="data dir to record into (kept)")
     ap.add_argument("--db", help="a recorded database URL: skip recording")
     ap.add_argument("--project", default="pmerge")
+    ap.add_argument(
+        "--max-samples", type=int, default=0, help="samples per run (0: the default config's)"
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
     if args.threads:
@@ -237,7 +243,7 @@ def main() -> None:
 
         torch.set_num_threads(args.threads)
     db_url, project = (args.db, args.project) if args.db else record(args)
-    samples = samples_of(db_url, project)
+    samples = samples_of(db_url, project, args.max_samples or None)
     from trainer.merge import chains
 
     rows = chains(samples)
