@@ -97,9 +97,6 @@ async def evaluate(agent: Agent, questions: list[Any], concurrency: int) -> tupl
 
 
 async def serving(agent: Agent, admin_key: str, current: str) -> str:
-    from rlgate.demo_agents import GatewayClient
-
-    assert isinstance(agent, GatewayClient)
     r = await agent.call(
         "GET",
         "/admin/api/adapters",

@@ -28,6 +28,10 @@ class Agent(Protocol):
     http: httpx.AsyncClient
     unit: str  # what one rated thing is called in progress lines
 
+    async def call(self, method: str, url: str, **kwargs: Any) -> httpx.Response | None:
+        """A gateway call with retries on transport errors (:class:`GatewayClient`)."""
+        ...
+
     async def train_round(self) -> list[bool]:
         """One group on a training question, rated; whether each member was right."""
         ...
