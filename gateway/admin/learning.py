@@ -54,7 +54,7 @@ def curve_chart(project_id: str, items: list[dict[str, Any]]) -> str:
             float(i["eval"]) if isinstance(i["eval"], int | float) else None for i in items
         ]
     return charts.line_chart(
-        "mean reward by policy version",
+        "reward by version",
         series,
         x_labels=[i["policy_version"] for i in items] or None,
         chart_id=f"curve-{project_id}",
