@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from gateway import admin_actions as actions
-from gateway.admin import charts, login, queries
+from gateway.admin import charts, learning, login, queries
 from gateway.admin.auth import Ctx, project_for
 from gateway.admin.forms import back, form_ctx, page_ctx
 from gateway.admin.ops import db, decoder, do_action, recording_status
@@ -85,7 +85,18 @@ async def overview_page(request: Request) -> Response:
         return ctx
     ov = await db(request, queries.overview, ctx.scope)
     ov["recording"] = recording_status(request)
-    return html(render(request, "overview.html", ctx, ov=ov, charts=_overview_charts(ov)))
+    pids = [p["id"] for p in ov["projects"]]
+    learned = await asyncio.to_thread(learning.project_learning, gw_of(request).factory, pids)
+    return html(
+        render(
+            request,
+            "overview.html",
+            ctx,
+            ov=ov,
+            charts=_overview_charts(ov),
+            learning=learned,
+        )
+    )
 
 
 @router.get("/admin/sessions")
@@ -118,7 +129,9 @@ async def session_page(session_id: str, request: Request) -> Response:
     detail = await db(request, queries.session_detail, ctx.scope, session_id, decoder(request))
     if detail is None:
         return html(render(request, "error.html", ctx, message=f"no session {session_id}"), 404)
-    return html(render(request, "session.html", ctx, d=detail))
+    # the credit route's data (trainer.api.session_credit); scope was checked just above
+    credit = await asyncio.to_thread(learning.session_credit, gw_of(request).factory, session_id)
+    return html(render(request, "session.html", ctx, d=detail, credit=credit))
 
 
 @router.get("/admin/feedback")

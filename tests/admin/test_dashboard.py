@@ -181,6 +181,9 @@ def test_login_overview_and_logout(page, dash: Dash) -> None:
     login(page, dash)
     assert page.inner_text("#project-p1").count("p1-policy-v2") == 1
     assert page.locator("svg#chart-reward").count() == 1
+    # the learning curve (mean reward and held-out eval by version) and the judge's line
+    assert page.locator("#learning-p1 svg#curve-p1 polyline").count() == 2
+    assert "no judge configured" in page.inner_text("#judge-p1")
     shot(page, "overview")
     page.click("nav button")
     page.wait_for_url("**/admin/login")
@@ -214,6 +217,10 @@ def test_session_trajectory(page, dash: Dash) -> None:
     assert page.locator(".policy").all_inner_texts() == ["p1-policy-v1", "p1-policy-v2"]
     assert page.locator(".reward").all_inner_texts() == ["0.5", "1"]
     assert page.locator(".tokens span").count() == 9
+    # the credit table: alice's session rating decides both turns (gamma 1: no discount)
+    assert page.locator("#credit .credit-row").count() == 2
+    assert page.locator("#credit .credit-level").all_inner_texts() == ["session · discount 1"] * 2
+    assert page.locator("#credit .credit-origin").all_inner_texts() == ["user", "user"]
     shot(page, "session")
 
 
