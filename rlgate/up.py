@@ -317,7 +317,8 @@ def launch(
             for i in range(shape.workers):
                 name = _name("worker", i, shape.workers)
                 beat = ["--beat"] if i == 0 else []  # one schedule for all workers
-                args = ["-m", "rlgate.cli", "worker", *beat]
+                node = ["--hostname", f"{name}@%h"] if shape.workers > 1 else []
+                args = ["-m", "rlgate.cli", "worker", *beat, *node]
                 children.append(_start(name, args, logs, worker_env))
                 names.append(str(logs / f"{name}.log"))
             trainer_note = (
