@@ -337,7 +337,7 @@ def _more_gateways(bases: list[str]) -> str:
     """The other gateways' base URLs (they serve the same API, keys and data)."""
     if len(bases) < 2:
         return ""
-    return f"  more gateways:         {', '.join(b + '/v1' for b in bases[1:])}\n"
+    return f"  other gateways:        {', '.join(b + '/v1' for b in bases[1:])}\n"
 
 
 def run_up(
@@ -377,7 +377,7 @@ rlgate is up.
   agent key:             {agent_key}
   admin key:             {admin_key}
   admin dashboard:       {stack.base}/admin   (log in with the admin key)
-{_more_gateways(stack.bases)}  engine:                {", ".join(stack.engine_urls)}
+{_more_gateways(stack.bases)}  engine(s):             {", ".join(stack.engine_urls)}
   {stack.trainer_note}
   logs:                  {stack.logs}
 {snippets(stack.base, agent_key, model, call_id)}
