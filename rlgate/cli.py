@@ -201,15 +201,53 @@ def gateway(host: str | None, port: int | None) -> None:
 
 
 @main.command()
-@click.option("--port", type=int, default=None, help="Gateway port (default RLGATE_GATEWAY_PORT).")
 @click.option(
-    "--engine-port", type=int, default=None, help="Engine port (default RLGATE_ENGINE_PORT)."
+    "--port", type=int, default=None, help="(First) gateway port (default RLGATE_GATEWAY_PORT)."
+)
+@click.option(
+    "--engine-port",
+    type=int,
+    default=None,
+    help="(First) engine port (default RLGATE_ENGINE_PORT).",
 )
 @click.option("--no-trainer", is_flag=True, help="Do not start the training worker.")
+@click.option(
+    "--engines",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Embedded engines, on consecutive ports from --engine-port.",
+)
+@click.option(
+    "--gateways",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Gateways, on consecutive ports from --port; each routes over every engine.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Training workers (the first runs the schedule).",
+)
 @clean_errors
-def up(port: int | None, engine_port: int | None, no_trainer: bool) -> None:
-    """Run the embedded default: SQLite, embedded engine, gateway, trainer. Ctrl-C stops."""
-    from rlgate.up import run_up
+def up(
+    port: int | None,
+    engine_port: int | None,
+    no_trainer: bool,
+    engines: int,
+    gateways: int,
+    workers: int,
+) -> None:
+    """Run the embedded default: SQLite, embedded engine, gateway, trainer. Ctrl-C stops.
+
+    Several gateways or workers need RLGATE_DATABASE_URL (PostgreSQL) and
+    RLGATE_BROKER_URL (Redis or RabbitMQ): SQLite and the embedded broker serve one
+    process only. Every gateway and worker is given every engine's URL.
+    """
+    from rlgate.up import Shape, run_up
 
     settings = load_settings()
     run_up(
@@ -217,6 +255,7 @@ def up(port: int | None, engine_port: int | None, no_trainer: bool) -> None:
         port or settings.gateway_port,
         engine_port or settings.engine_port,
         trainer=not no_trainer,
+        shape=Shape(engines, gateways, 1 if no_trainer else workers),
     )
 
 

@@ -5,6 +5,12 @@ gateway and a Celery worker with its schedule on the
 embedded broker; prints the base URL, fresh keys and copy-paste snippets. Ctrl-C stops
 everything. Each process logs to ``<data dir>/logs/``.
 
+``--engines N --gateways M --workers W`` start N engines on consecutive ports from the
+engine port, M gateways on consecutive ports from the gateway port and W workers (the
+first one runs the schedule); every gateway and worker is given every engine URL. More
+than one gateway or worker needs a database and a broker several processes can share
+(PostgreSQL, Redis or RabbitMQ): SQLite and the embedded broker are single-process.
+
 The engine is protected even on loopback: each start generates a random engine key
 (unless RLGATE_ENGINE_API_KEY is set) and hands it to the engine (``--api-key``), the
 gateway and the worker through their environment, and the engine loads adapters only
@@ -162,13 +168,21 @@ def snippets(base: str, agent_key: str, model: str, call_id: str | None = None) 
 
 @dataclass
 class Stack:
-    """Engine, gateway and (optionally) trainer worker as child processes."""
+    """Engines, gateways and (optionally) trainer workers as child processes."""
 
     children: list[Child]
-    base: str
-    engine_url: str
+    bases: list[str]
+    engine_urls: list[str]
     logs: Path
     trainer_note: str
+
+    @property
+    def base(self) -> str:
+        return self.bases[0]
+
+    @property
+    def engine_url(self) -> str:
+        return self.engine_urls[0]
 
     def check_alive(self) -> None:
         for child in self.children:
@@ -182,16 +196,56 @@ class Stack:
         _stop(self.children)
 
 
-def split_cores(cores: int, trainer: bool) -> tuple[int, int]:
-    """(engine threads, trainer threads). The engine generates while the trainer trains,
-    so each gets its own share of the cores: two PyTorch thread pools on the same cores
-    spin against each other and both slow to a crawl (measured: the trainer at a fifth
-    of its speed next to a busy 2-thread engine on 2 cores). Without a trainer the
-    engine takes every core. An OMP_NUM_THREADS already set wins for the trainer."""
+def split_cores(cores: int, trainer: bool, engines: int = 1) -> tuple[int, int]:
+    """(threads per engine, trainer threads). The engines generate while the trainer
+    trains, so each gets its own share of the cores: two PyTorch thread pools on the same
+    cores spin against each other and both slow to a crawl (measured: the trainer at a
+    fifth of its speed next to a busy 2-thread engine on 2 cores). Without a trainer the
+    engines take every core. Several engines split their share (at least one thread
+    each). Several workers each get the trainer share: a project trains on one worker at
+    a time. An OMP_NUM_THREADS already set wins for the trainer."""
+    share = cores if not trainer or cores < 2 else cores // 2
+    per_engine = max(1, share // max(1, engines))
     if not trainer or cores < 2:
-        return cores, cores
-    engine = cores // 2
-    return engine, int(os.environ.get("OMP_NUM_THREADS") or cores - engine)
+        return per_engine, cores
+    return per_engine, int(os.environ.get("OMP_NUM_THREADS") or cores - share)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How many of each process `rlgate up` starts."""
+
+    engines: int = 1
+    gateways: int = 1
+    workers: int = 1
+
+
+SHARED_ERROR = (
+    "several gateways or workers need a database and broker that several processes can "
+    "share: set RLGATE_DATABASE_URL to PostgreSQL and RLGATE_BROKER_URL to Redis or "
+    "RabbitMQ (SQLite and the embedded broker are single-process)"
+)
+
+
+def check_shape(settings: Settings, port: int, engine_port: int, n: Shape) -> None:
+    """Refuse, in one line, a shape that cannot work."""
+    if min(n.engines, n.gateways, n.workers) < 1:
+        raise click.ClickException("--engines, --gateways and --workers must be at least 1")
+    if n.gateways > 1 or n.workers > 1:
+        db = settings.effective_database_url
+        broker = settings.effective_broker_url
+        if db.startswith("sqlite") or broker.startswith(("sqla+", "memory")):
+            raise click.ClickException(SHARED_ERROR)
+    gw = set(range(port, port + n.gateways))
+    if gw & set(range(engine_port, engine_port + n.engines)):
+        raise click.ClickException(
+            f"gateway ports {port}-{port + n.gateways - 1} overlap engine ports "
+            f"{engine_port}-{engine_port + n.engines - 1}; choose --port or --engine-port"
+        )
+
+
+def _name(kind: str, i: int, n: int) -> str:
+    return kind if n == 1 else f"{kind}{i + 1}"
 
 
 def _default_cap(settings: Settings) -> dict[str, str]:
@@ -209,17 +263,22 @@ def launch(
     trainer: bool,
     extra_env: dict[str, str] | None = None,
     engine_args: tuple[str, ...] = (),
+    shape: Shape | None = None,
 ) -> Stack:
     """Start the embedded stack on a migrated database; stops what started on failure."""
+    shape = shape or Shape()
+    check_shape(settings, port, engine_port, shape)
     data_dir = settings.data_dir.resolve()
     logs = data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    engine_url = f"http://127.0.0.1:{engine_port}"
-    base = f"http://{settings.gateway_host}:{port}"
+    engine_ports = [engine_port + i for i in range(shape.engines)]
+    engine_urls = [f"http://127.0.0.1:{p}" for p in engine_ports]
+    ports = [port + i for i in range(shape.gateways)]
+    bases = [f"http://{settings.gateway_host}:{p}" for p in ports]
     env = {
         **os.environ,
         "RLGATE_DATA_DIR": str(data_dir),
-        "RLGATE_ENGINE_URLS": engine_url,
+        "RLGATE_ENGINE_URLS": ",".join(engine_urls),
         "RLGATE_GATEWAY_PORT": str(port),
         "RLGATE_ENGINE_PORT": str(engine_port),
         # the engine's --api-key, read by the engine, the gateway and the worker alike
@@ -227,7 +286,7 @@ def launch(
         **_default_cap(settings),
         **(extra_env or {}),
     }
-    engine_threads, trainer_threads = split_cores(os.cpu_count() or 1, trainer)
+    engine_threads, trainer_threads = split_cores(os.cpu_count() or 1, trainer, shape.engines)
     if "--num-threads" not in engine_args:
         engine_args = (*engine_args, "--num-threads", str(engine_threads))
     if "--allowed-lora-dir" not in engine_args:
@@ -238,33 +297,58 @@ def launch(
             "starting the engine (the first start converts the packaged model, about a minute) ...",
             err=True,
         )
-        children.append(
-            _start("engine", ["-m", "engine", "--port", str(engine_port), *engine_args], logs, env)
-        )
-        _wait_healthy(children[-1], engine_url, 600)
+        for i, (p, url) in enumerate(zip(engine_ports, engine_urls, strict=True)):
+            args = ["-m", "engine", "--port", str(p), *engine_args]
+            children.append(_start(_name("engine", i, shape.engines), args, logs, env))
+            _wait_healthy(children[-1], url, 600)  # one at a time: the first converts
         click.echo("starting the gateway ...", err=True)
-        children.append(
-            _start("gateway", ["-m", "rlgate.cli", "gateway", "--port", str(port)], logs, env)
-        )
-        _wait_healthy(children[-1], base, 120, ok=(200, 503))
+        started = []
+        for i, p in enumerate(ports):
+            args = ["-m", "rlgate.cli", "gateway", "--port", str(p)]
+            gw_env = {**env, "RLGATE_GATEWAY_PORT": str(p)}
+            children.append(_start(_name("gateway", i, shape.gateways), args, logs, gw_env))
+            started.append(children[-1])
+        for child, base in zip(started, bases, strict=True):
+            _wait_healthy(child, base, 120, ok=(200, 503))
         trainer_note = "trainer: not started (--no-trainer)"
         if trainer:
             worker_env = {**env, "OMP_NUM_THREADS": str(trainer_threads)}
-            children.append(
-                _start("worker", ["-m", "rlgate.cli", "worker", "--beat"], logs, worker_env)
+            names = []
+            for i in range(shape.workers):
+                name = _name("worker", i, shape.workers)
+                beat = ["--beat"] if i == 0 else []  # one schedule for all workers
+                node = ["--hostname", f"{name}@%h"] if shape.workers > 1 else []
+                args = ["-m", "rlgate.cli", "worker", *beat, *node]
+                children.append(_start(name, args, logs, worker_env))
+                names.append(str(logs / f"{name}.log"))
+            trainer_note = (
+                f"trainer: {shape.workers} Celery worker(s), the first with the schedule "
+                f"(log {', '.join(names)})"
+                if shape.workers > 1
+                else f"trainer: Celery worker + schedule (log {names[0]})"
             )
-            trainer_note = f"trainer: Celery worker + schedule (log {logs / 'worker.log'})"
     except BaseException:
         _stop(children)
         raise
-    return Stack(children, base, engine_url, logs, trainer_note)
+    return Stack(children, bases, engine_urls, logs, trainer_note)
 
 
-def run_up(settings: Settings, port: int, engine_port: int, trainer: bool) -> None:
+def _more_gateways(bases: list[str]) -> str:
+    """The other gateways' base URLs (they serve the same API, keys and data)."""
+    if len(bases) < 2:
+        return ""
+    return f"  other gateways:        {', '.join(b + '/v1' for b in bases[1:])}\n"
+
+
+def run_up(
+    settings: Settings, port: int, engine_port: int, trainer: bool, shape: Shape | None = None
+) -> None:
     from core import migrate as mig
     from core.db import make_engine, session_factory, transaction
     from core.keys import create_key
 
+    shape = shape or Shape()
+    check_shape(settings, port, engine_port, shape)  # before anything is written
     data_dir = settings.data_dir.resolve()
     url = settings.effective_database_url
     click.echo(f"rlgate up: data in {data_dir}", err=True)
@@ -282,7 +366,7 @@ def run_up(settings: Settings, port: int, engine_port: int, trainer: bool) -> No
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    stack = launch(settings, port, engine_port, trainer)
+    stack = launch(settings, port, engine_port, trainer, shape=shape)
     try:
         model = settings.served_model_name
         call_id = first_call(stack.base, agent_key, model)
@@ -293,7 +377,7 @@ rlgate is up.
   agent key:             {agent_key}
   admin key:             {admin_key}
   admin dashboard:       {stack.base}/admin   (log in with the admin key)
-  engine:                {stack.engine_url}
+{_more_gateways(stack.bases)}  engine(s):             {", ".join(stack.engine_urls)}
   {stack.trainer_note}
   logs:                  {stack.logs}
 {snippets(stack.base, agent_key, model, call_id)}

@@ -27,7 +27,20 @@ def _logging(level: str) -> None:
 @click.option("--pool", default="solo", show_default=True, help="Celery pool (solo, prefork).")
 @click.option("--queues", "-Q", default="", help="Comma-separated queues (default: celery).")
 @click.option("--loglevel", "-l", default=None, help="Default: settings log_level.")
-def worker_command(beat: bool, concurrency: int, pool: str, queues: str, loglevel: str | None):
+@click.option(
+    "--hostname",
+    "-n",
+    default=None,
+    help="Celery node name (default celery@<host>); give each worker on a host its own.",
+)
+def worker_command(
+    beat: bool,
+    concurrency: int,
+    pool: str,
+    queues: str,
+    loglevel: str | None,
+    hostname: str | None,
+):
     """Run a Celery worker that trains (the broker comes from the settings)."""
     from trainer.celery_app import app
 
@@ -42,6 +55,8 @@ def worker_command(beat: bool, concurrency: int, pool: str, queues: str, logleve
     ]
     if queues:
         argv.append(f"--queues={queues}")
+    if hostname:
+        argv.append(f"--hostname={hostname}")
     if beat:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         argv += ["--beat", f"--schedule={settings.data_dir / 'celerybeat-schedule'}"]

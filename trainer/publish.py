@@ -2,7 +2,8 @@
 
 - ``load_everywhere``: ``POST /load_lora_adapter {lora_name, lora_path}`` on each engine of
   ``settings.engine_url_list``; an engine that already has that name counts as loaded, so
-  a retried publish is idempotent.
+  a retried publish is idempotent; an engine that cannot be connected to is skipped when
+  another one loaded it (the tick's ``ensure_serving_loaded`` catches it up later).
 - ``switch_serving``: one transaction: the project's ``serving`` version -> ``retired``,
   the new one -> ``serving``, plus an AuditEvent (``adapter.promote`` / ``adapter.rollback``).
 - ``unload_everywhere``: afterwards, ``POST /unload_lora_adapter`` for the old name (the
@@ -58,7 +59,12 @@ def _engine_adapters(client: httpx.Client, url: str) -> set[str]:
 def load_everywhere(
     engine_urls: list[str], name: str, path: str, headers: dict[str, str] | None = None
 ) -> None:
-    errors = []
+    """Load ``name`` into every engine. An engine that cannot be reached at all (dead or
+    restarting) is skipped once another engine has loaded the adapter: one dead engine
+    must not hold every publish back, and the worker tick's ``ensure_serving_loaded``
+    loads the serving adapter into it when it is back. An engine that answers and
+    refuses, or no engine loading it, is a PublishError."""
+    errors, unreachable, loaded = [], [], 0
     with _client(TIMEOUT_S, headers) as client:
         for url in engine_urls:
             try:
@@ -67,15 +73,21 @@ def load_everywhere(
                 )
                 body = r.json() if r.content else {}
                 if r.status_code == 200 and body.get("success", True):
+                    loaded += 1
                     continue
                 message = body.get("error_message") or body.get("error") or r.text
                 if name in (body.get("loaded_adapters") or {}) or "already loaded" in str(message):
+                    loaded += 1
                     continue  # loaded by an earlier attempt
                 errors.append(f"{url}: {message}")
+            except httpx.ConnectError as e:
+                unreachable.append(f"{url}: {type(e).__name__}: {e}")
             except (httpx.HTTPError, ValueError) as e:
                 errors.append(f"{url}: {type(e).__name__}: {e}")
-    if errors:
-        raise PublishError(f"engine refused adapter {name}: " + "; ".join(errors))
+    if errors or not loaded:
+        raise PublishError(f"engine refused adapter {name}: " + "; ".join(errors + unreachable))
+    for u in unreachable:
+        log.warning("adapter %s not loaded into an unreachable engine (the tick will): %s", name, u)
 
 
 def unload_everywhere(

@@ -125,3 +125,35 @@ def test_up_caps_output_only_for_the_packaged_model():
     assert _default_cap(Settings()) == {"RLGATE_DEFAULT_MAX_TOKENS": str(PACKAGED_MAX_TOKENS)}
     assert _default_cap(Settings(default_max_tokens=64)) == {}  # the operator's value wins
     assert _default_cap(Settings(model_path="/srv/models/qwen")) == {}
+
+
+def test_up_shape_needs_a_shared_database_and_broker_for_several_processes():
+    import click
+    import pytest
+    from click.testing import CliRunner
+
+    from core.settings import Settings
+    from rlgate.cli import main
+    from rlgate.up import SHARED_ERROR, Shape, check_shape, split_cores
+
+    embedded = Settings()
+    check_shape(embedded, 8000, 30000, Shape(engines=3))  # several engines: fine on SQLite
+    for shape in (Shape(gateways=2), Shape(workers=2)):
+        with pytest.raises(click.ClickException, match="single-process"):
+            check_shape(embedded, 8000, 30000, shape)
+        with pytest.raises(click.ClickException, match="single-process"):  # broker still embedded
+            check_shape(Settings(database_url="postgresql://h/db"), 8000, 30000, shape)
+    shared = Settings(database_url="postgresql://h/db", broker_url="redis://h:6379/0")
+    check_shape(shared, 8000, 30000, Shape(2, 3, 2))
+    with pytest.raises(click.ClickException, match="overlap"):
+        check_shape(shared, 30001, 30000, Shape(engines=2))
+    assert "\n" not in SHARED_ERROR
+    # the refusal comes before anything is started or written, as one line
+    res = CliRunner().invoke(main, ["up", "--gateways", "2"])
+    assert res.exit_code != 0 and "single-process" in res.output, res.output
+    assert "--engines" in CliRunner().invoke(main, ["up", "--help"]).output
+
+    assert split_cores(2, trainer=True, engines=2) == (1, 1)
+    assert split_cores(8, trainer=True, engines=2) == (2, 4)
+    assert split_cores(8, trainer=False, engines=3) == (2, 8)
+    assert split_cores(1, trainer=True, engines=2) == (1, 1)

@@ -64,11 +64,14 @@ def tool_call_json(c: ToolCallOut) -> dict[str, Any]:
     return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
 
 
-def usage_json(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage_json(prompt_tokens: int, completion_tokens: int, cached: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; ``cached``: prompt tokens the engine took from its prefix
+    cache (``prompt_tokens_details.cached_tokens``, as OpenAI reports prompt caching)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},
     }
 
 

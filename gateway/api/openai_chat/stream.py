@@ -72,5 +72,6 @@ class ChatStream:
         out = []
         if self.prep.req.include_usage:
             ct = sum(len(c.output_ids) for c in finished)
-            out.append(self._chunk(usage=usage_json(len(self.prep.prompt_ids), ct)))
+            cached = min((c.cached_tokens for c in finished), default=0)
+            out.append(self._chunk(usage=usage_json(len(self.prep.prompt_ids), ct, cached)))
         return [*out, b"data: [DONE]\n\n"]

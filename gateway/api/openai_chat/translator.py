@@ -238,6 +238,10 @@ def response_body(
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": usage_json(len(prep.prompt_ids), sum(len(c.output_ids) for c in completions)),
+        "usage": usage_json(
+            len(prep.prompt_ids),
+            sum(len(c.output_ids) for c in completions),
+            min((c.cached_tokens for c in completions), default=0),
+        ),
         "system_fingerprint": prep.policy_version,
     }

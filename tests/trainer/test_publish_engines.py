@@ -1,0 +1,51 @@
+"""load_everywhere over several engines: a dead engine (nothing listens) does not hold a
+publish back once another engine loaded the adapter; a refusal, or no engine at all
+loading it, still fails it. Transport-level fakes: no engine process."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from trainer import publish
+
+
+def _fake(monkeypatch: pytest.MonkeyPatch, dead: set[str], refusing: set[str]) -> list[str]:
+    calls: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        host = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+        calls.append(host)
+        if host in dead:
+            raise httpx.ConnectError("connection refused", request=request)
+        if host in refusing:
+            return httpx.Response(400, json={"success": False, "error_message": "bad path"})
+        return httpx.Response(200, json={"success": True})
+
+    def client(timeout: float, headers: dict[str, str] | None) -> httpx.Client:
+        return httpx.Client(transport=httpx.MockTransport(handler), timeout=timeout)
+
+    monkeypatch.setattr(publish, "_client", client)
+    return calls
+
+
+A, B = "http://127.0.0.1:1", "http://127.0.0.1:2"
+
+
+def test_a_dead_engine_is_skipped_when_another_loaded_it(monkeypatch, caplog):
+    calls = _fake(monkeypatch, dead={A}, refusing=set())
+    publish.load_everywhere([A, B], "p-v1", "/adapters/p/v1")
+    assert calls == [A, B]
+    assert "unreachable" in caplog.text
+
+
+def test_no_engine_loading_it_or_a_refusal_fails_the_publish(monkeypatch):
+    _fake(monkeypatch, dead={A, B}, refusing=set())
+    with pytest.raises(publish.PublishError, match="ConnectError"):
+        publish.load_everywhere([A, B], "p-v1", "/adapters/p/v1")
+    _fake(monkeypatch, dead={A}, refusing={B})
+    with pytest.raises(publish.PublishError, match="bad path"):
+        publish.load_everywhere([A, B], "p-v1", "/adapters/p/v1")
+    _fake(monkeypatch, dead=set(), refusing={A})
+    with pytest.raises(publish.PublishError, match="bad path"):
+        publish.load_everywhere([A, B], "p-v1", "/adapters/p/v1")
