@@ -164,8 +164,6 @@ class Episode:
     session_id: str
     answer: str | None
     correct: bool
-    requests: int
-    tools_called: list[str]
     version: str
 
 
@@ -185,10 +183,9 @@ async def run_session(http, q: Question, known: Facts, *, temperature: float, se
         timeout=300,
     )
     messages = first_messages(q)
-    answer, called, version, requests = None, [], "?", 0
+    answer, version = None, "?"
     try:
         for turn in range(MAX_TURNS):
-            requests += 1
             raw = await client.chat.completions.with_raw_response.create(
                 model="rlgate-policy",
                 messages=messages,
@@ -204,13 +201,12 @@ async def run_session(http, q: Question, known: Facts, *, temperature: float, se
                 break
             messages.append(msg.model_dump(include={"role", "content", "tool_calls"}))
             for c in msg.tool_calls:
-                called.append(c.function.name)
                 out = run_tool(c.function.name, c.function.arguments, known)
                 messages.append({"role": "tool", "tool_call_id": c.id, "content": out})
     finally:
         await client.close()
     correct = exact_match(answer, known[(q.tool, q.item)])
-    return Episode(session["id"], answer, correct, requests, called, version)
+    return Episode(session["id"], answer, correct, version)
 
 
 def eval_gate(model_dir, validation: list[Question], context_length: int) -> dict:
@@ -220,25 +216,14 @@ def eval_gate(model_dir, validation: list[Question], context_length: int) -> dic
     checks that the output calls the tool the question needs."""
     from transformers import AutoTokenizer
 
-    from gateway.request import Message, Tool, ToolCallOut
+    from gateway.api.openai_chat.translator import parse_messages, parse_tools
     from gateway.templating import ChatRenderer
 
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(str(model_dir)), context_length)
-    tools = [
-        Tool(t["function"]["name"], t["function"]["description"], t["function"]["parameters"])
-        for t in TOOLS
-    ]
-
-    def message(m: dict) -> Message:
-        calls = [
-            ToolCallOut(c["id"], c["function"]["name"], c["function"]["arguments"])
-            for c in m.get("tool_calls") or []
-        ]
-        return Message(m["role"], m.get("content") or "", calls, m.get("tool_call_id"))
-
+    tools = parse_tools(TOOLS)
     prompts = []
     for q in validation:
-        _, ids = renderer.render([message(m) for m in first_messages(q)], tools)
+        _, ids = renderer.render(parse_messages(first_messages(q)), tools)
         prompts.append({"input_ids": ids, "expected": f'"name": "{q.tool}"'})
     return {
         "enabled": True,
