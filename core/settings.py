@@ -46,6 +46,25 @@ class Settings(BaseSettings):
         EMBEDDED_ENGINE_URL,
         description="Comma-separated engine base URLs (SGLang native protocol).",
     )
+    engine_router_url: str = Field(
+        "",
+        description="An sglang-router (SGLang Model Gateway) in front of the engines. When "
+        "set, the gateway sends every generate call to it (it routes cache-aware and fails "
+        "over), and adapters are loaded into each worker it lists (GET /workers); "
+        "RLGATE_ENGINE_URLS is then not used.",
+    )
+    engine_sync_s: float = Field(
+        5.0,
+        gt=0,
+        description="How often each gateway checks that every engine holds the serving "
+        "adapters, loading those an engine lacks (one that restarted or joined).",
+    )
+    adapter_dir: Path | None = Field(
+        None,
+        description="Where trained adapters are written, and what every engine must be "
+        "able to read at the same path (shared storage with several machines). Default: "
+        "<data dir>/adapters.",
+    )
     model_path: str = Field(
         PACKAGED_MODEL, description="HF model dir, or the packaged SmolLM2-135M-Instruct."
     )
@@ -237,6 +256,10 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'rlgate.db').as_posix()}"
+
+    @property
+    def effective_adapter_dir(self) -> Path:
+        return self.adapter_dir or self.data_dir / "adapters"
 
     @property
     def engine_url_list(self) -> list[str]:

@@ -24,6 +24,7 @@ from core.errors import APIError
 from core.migrate import current
 from core.settings import ConfigError, Settings, get_settings
 from gateway import exposure
+from gateway.adapter_sync import AdapterSync
 from gateway.auth import Authenticator
 from gateway.engine_client import EngineClient
 from gateway.errors import db_down_error, error_response
@@ -80,7 +81,9 @@ def build_gateway(settings: Settings) -> Gateway:
         settings.max_in_flight_per_engine,
         settings.engine_timeout_s,
         api_key=settings.engine_api_key_value,
+        router=settings.engine_router_url or None,
     )
+    adapter_sync = AdapterSync(engines, factory, settings.engine_sync_s)
     sessions = SessionStore(factory, settings.session_idle_timeout_s)
     recorder = Recorder(
         factory,
@@ -109,7 +112,9 @@ def build_gateway(settings: Settings) -> Gateway:
     )
     admin = settings.admin_key.get_secret_value() if settings.admin_key else None
     auth = Authenticator(factory, admin, settings.default_project, settings.session_key_grace_s)
-    return Gateway(settings, factory, auth, pipeline, recorder, engines, metrics, tokenizer)
+    return Gateway(
+        settings, factory, auth, pipeline, recorder, engines, metrics, tokenizer, adapter_sync
+    )
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -127,11 +132,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 with contextlib.suppress(Exception):
                     await asyncio.to_thread(gw.pipeline.sessions.expire_idle)
 
-        task = asyncio.create_task(housekeeping())
+        tasks = [asyncio.create_task(housekeeping()), asyncio.create_task(gw.adapter_sync.run())]
         try:
             yield
         finally:
-            task.cancel()
+            for task in tasks:
+                task.cancel()
             await gw.engines.close()
             gw.pipeline.render_pool.close()
             await asyncio.to_thread(gw.recorder.stop)

@@ -2,7 +2,10 @@
 
 Works the same against SGLang on GPUs and the embedded CPU engine. Routing is
 session-affine (rendezvous hashing on the session id, so one session keeps hitting one
-engine's prefix cache) with failover to the next engine when one cannot be reached.
+engine's prefix cache) with failover to the next engine when one cannot be reached, or
+when it lacks the request's adapter (it restarted: it is skipped until
+gateway/adapter_sync.py has loaded it). Behind an sglang-router, every call goes to the
+router, which routes cache-aware itself.
 Each engine has a bound on in-flight requests; when every engine is full the caller gets
 429 with ``Retry-After``. With an engine key (RLGATE_ENGINE_API_KEY, the engines'
 ``--api-key``) every request carries ``Authorization: Bearer <key>``; an engine that
@@ -18,9 +21,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -92,6 +95,27 @@ class EngineSlot:
     url: str
     limit: int
     in_flight: int = 0
+    # adapters this engine is known to lack (it restarted, or joined): requests for them go
+    # to the next engine on the ring until gateway/adapter_sync.py has loaded them
+    missing: set[str] = field(default_factory=set)
+
+
+class AdapterNotLoaded(APIError):
+    """No engine holds the adapter a request needs (nothing was generated)."""
+
+    def __init__(self, adapter: str, why: str = "") -> None:
+        super().__init__(
+            503,
+            f"the policy's adapter {adapter} is not loaded on any engine yet; the gateway is "
+            f"loading it, retry shortly{f' (last load error: {why})' if why else ''}",
+            headers={"Retry-After": "2"},
+        )
+        self.adapter = adapter
+
+
+# Called when an engine answered 400 to a request naming an adapter: True if the engine
+# (or, behind a router, one of its workers) lacks it (gateway/adapter_sync.py).
+AdapterCheck = Callable[[str, str], Awaitable[bool]]
 
 
 def _engine_error(resp_status: int, body: bytes) -> APIError:
@@ -114,19 +138,35 @@ def _engine_error(resp_status: int, body: bytes) -> APIError:
     return APIError(503, f"the engine failed (HTTP {resp_status}): {message}")
 
 
+def _exhausted(last: Exception | None) -> APIError:
+    """Every candidate was tried: the adapter was missing, or no engine answered."""
+    if isinstance(last, AdapterNotLoaded):
+        return last
+    return APIError(503, f"no engine reachable ({last.__class__.__name__ if last else 'none'})")
+
+
 class EngineClient:
+    """``urls``: the engines, routed by this client; or ``router``: one sglang-router that
+    routes itself (its workers are reached only to load adapters, gateway/adapter_sync.py).
+    """
+
     def __init__(
         self,
         urls: list[str],
         max_in_flight: int = 64,
         timeout_s: float = 600.0,
         api_key: str | None = None,
+        router: str | None = None,
     ) -> None:
+        self.router = router.rstrip("/") if router else None
+        urls = [self.router] if self.router else urls
         if not urls:
             raise ValueError("no engine URLs configured (RLGATE_ENGINE_URLS)")
         auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._headers = {**_JSON, **auth}
         self.slots = [EngineSlot(u.rstrip("/"), max_in_flight) for u in urls]
+        self.adapter_check: AdapterCheck | None = None
+        self.adapter_errors: dict[str, str] = {}  # adapter -> its last load error
         self._limit = max_in_flight * len(urls) + 16
         self._timeout = _timeout(timeout_s, connect=5.0)
         self._proxies = {s.url: _env_proxy(s.url) for s in self.slots}
@@ -152,7 +192,9 @@ class EngineClient:
             await self._http.close()
 
     def _kw(self, url: str) -> dict[str, Any]:
-        proxy, auth = self._proxies.get(url, (None, None))
+        if url not in self._proxies:  # a router's worker, reached to load adapters
+            self._proxies[url] = _env_proxy(url)
+        proxy, auth = self._proxies[url]
         return {"proxy": proxy, "proxy_auth": auth} if proxy is not None else {}
 
     @property
@@ -173,7 +215,11 @@ class EngineClient:
         finally:
             slot.in_flight -= 1
 
-    def _candidates(self, affinity: str) -> list[EngineSlot]:
+    def _candidates(self, affinity: str, adapter: str | None) -> list[EngineSlot]:
+        """The engines to try in order: the session's ring order, without those at their
+        in-flight limit or known to lack the adapter. Behind a router, the router twice
+        for a request naming an adapter: once more after a worker that lacked it has
+        loaded it."""
         ordered = [s for s in self._order(affinity) if s.in_flight < s.limit]
         if not ordered:
             raise APIError(
@@ -181,13 +227,25 @@ class EngineClient:
                 "all engines are at their in-flight limit; retry shortly",
                 headers={"Retry-After": "1"},
             )
-        return ordered
+        if adapter and self.router:
+            return ordered * 2
+        ready = [s for s in ordered if adapter not in s.missing]
+        if adapter and not ready:
+            raise AdapterNotLoaded(adapter, self.adapter_errors.get(adapter, ""))
+        return ready
+
+    async def _lacks_adapter(self, slot: EngineSlot, status: int, adapter: Any) -> bool:
+        """The engine refused (400) a request naming an adapter because it lacks it."""
+        if status != 400 or not isinstance(adapter, str) or self.adapter_check is None:
+            return False
+        return await self.adapter_check(slot.url, adapter)
 
     async def generate(self, payload: dict[str, Any], affinity: str) -> tuple[Any, str]:
         """Non-streaming generate; returns (response JSON, engine url)."""
         body = _encode(payload)
+        adapter = payload.get("lora_path")
         last: Exception | None = None
-        for slot in self._candidates(affinity):
+        for slot in self._candidates(affinity, adapter):
             async with self._slot(slot):
                 try:
                     async with self.http.post(
@@ -203,9 +261,12 @@ class EngineClient:
                 except TimeoutError:
                     raise APIError(504, "the engine did not answer in time") from None
                 if status != 200:
+                    if await self._lacks_adapter(slot, status, adapter):
+                        last = AdapterNotLoaded(adapter, self.adapter_errors.get(adapter, ""))
+                        continue
                     raise _engine_error(status, content)
                 return json.loads(content), slot.url
-        raise APIError(503, f"no engine reachable ({last.__class__.__name__ if last else 'none'})")
+        raise _exhausted(last)
 
     @asynccontextmanager
     async def stream(
@@ -218,8 +279,9 @@ class EngineClient:
         """
         payload = {**payload, "stream": True}
         body = _encode(payload)
+        adapter = payload.get("lora_path")
         last: Exception | None = None
-        for slot in self._candidates(affinity):
+        for slot in self._candidates(affinity, adapter):
             async with self._slot(slot):
                 try:
                     resp = await self.http.post(
@@ -236,7 +298,12 @@ class EngineClient:
                 finished = False
                 try:
                     if resp.status != 200:
-                        raise _engine_error(resp.status, await resp.read())
+                        content = await resp.read()
+                        if await self._lacks_adapter(slot, resp.status, adapter):
+                            finished = True  # nothing to abort
+                            last = AdapterNotLoaded(adapter, self.adapter_errors.get(adapter, ""))
+                            continue
+                        raise _engine_error(resp.status, content)
 
                     async def chunks(
                         resp: aiohttp.ClientResponse = resp,
@@ -261,7 +328,7 @@ class EngineClient:
                     if not finished and payload.get("rid"):
                         await self.abort(slot.url, payload["rid"])
                 return
-        raise APIError(503, f"no engine reachable ({last.__class__.__name__ if last else 'none'})")
+        raise _exhausted(last)
 
     async def abort(self, url: str, rid: str) -> None:
         with contextlib.suppress(*_ANY):
@@ -273,6 +340,25 @@ class EngineClient:
                 **self._kw(url),
             ) as r:
                 await r.read()
+
+    async def call(
+        self, method: str, url: str, body: dict[str, Any] | None = None, timeout: float = 10.0
+    ) -> tuple[int, Any]:
+        """(status, parsed JSON or None) of one control call (adapter sync); transport
+        errors propagate (aiohttp.ClientError, TimeoutError)."""
+        async with self.http.request(
+            method,
+            url,
+            data=_encode(body) if body is not None else None,
+            headers=self._headers,
+            timeout=_timeout(timeout),
+            **self._kw(url),
+        ) as r:
+            content = await r.read()
+            try:
+                return r.status, json.loads(content) if content else None
+            except ValueError:
+                return r.status, None
 
     async def health(self) -> dict[str, bool]:
         out = {}

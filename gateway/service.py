@@ -16,7 +16,7 @@ from typing import Any
 
 from core.errors import APIError
 from gateway.auth import Principal, require_model_key
-from gateway.engine_client import EngineClient
+from gateway.engine_client import AdapterNotLoaded, EngineClient
 from gateway.errors import bad_request
 from gateway.generation import (
     Prepared,
@@ -186,7 +186,10 @@ class Pipeline:
         and the old one unloaded between the (cached) lookup and the call. Looks up the
         serving adapter again; True (and ``prep`` updated) if it changed, so the caller
         retries once instead of failing the agent's call."""
-        if not (isinstance(error, APIError) and error.status == 400 and prep.adapter):
+        refused = isinstance(error, AdapterNotLoaded) or (
+            isinstance(error, APIError) and error.status == 400
+        )
+        if not (refused and prep.adapter):
             return False
         self.serving.invalidate()
         now = await asyncio.to_thread(self.serving.adapter_for, prep.principal.project_id)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.settings import Settings
+from gateway.adapter_sync import AdapterSync
 from gateway.auth import Authenticator
 from gateway.engine_client import EngineClient
 from gateway.metrics import Metrics
@@ -28,3 +29,4 @@ class Gateway:
     engines: EngineClient
     metrics: Metrics
     tokenizer: Any
+    adapter_sync: AdapterSync

@@ -14,7 +14,8 @@ than one gateway or worker needs a database and a broker several processes can s
 The engine is protected even on loopback: each start generates a random engine key
 (unless RLGATE_ENGINE_API_KEY is set) and hands it to the engine (``--api-key``), the
 gateway and the worker through their environment, and the engine loads adapters only
-from ``<data dir>/adapters`` (``--allowed-lora-dir``), where the trainer writes them.
+from RLGATE_ADAPTER_DIR (``--allowed-lora-dir``; default ``<data dir>/adapters``), where
+the trainer writes them.
 """
 
 from __future__ import annotations
@@ -290,7 +291,8 @@ def launch(
     if "--num-threads" not in engine_args:
         engine_args = (*engine_args, "--num-threads", str(engine_threads))
     if "--allowed-lora-dir" not in engine_args:
-        engine_args = (*engine_args, "--allowed-lora-dir", str(data_dir / "adapters"))
+        adapters = str(settings.effective_adapter_dir.resolve())
+        engine_args = (*engine_args, "--allowed-lora-dir", adapters)
     children: list[Child] = []
     try:
         click.echo(

@@ -1,9 +1,10 @@
 """Publishing adapters: load into every engine, switch the serving pointer, unload the old.
 
-- ``load_everywhere``: ``POST /load_lora_adapter {lora_name, lora_path}`` on each engine of
-  ``settings.engine_url_list``; an engine that already has that name counts as loaded, so
-  a retried publish is idempotent; an engine that cannot be connected to is skipped when
-  another one loaded it (the tick's ``ensure_serving_loaded`` catches it up later).
+- ``load_everywhere``: ``POST /load_lora_adapter {lora_name, lora_path}`` on each engine
+  (``engines``: the engine list, or the workers an sglang-router lists); an engine that
+  already has that name counts as loaded, so a retried publish is idempotent; an engine
+  that cannot be connected to is skipped when another one loaded it (every gateway's
+  adapter sync, and the tick's ``ensure_serving_loaded``, load it when it is back).
 - ``switch_serving``: one transaction: the project's ``serving`` version -> ``retired``,
   the new one -> ``serving``, plus an AuditEvent (``adapter.promote`` / ``adapter.rollback``).
 - ``unload_everywhere``: afterwards, ``POST /unload_lora_adapter`` for the old name (the
@@ -27,7 +28,9 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.db import transaction
+from core.engines import RouterError, adapter_names, control_urls
 from core.keys import audit
+from core.settings import Settings
 from schemas.atdp import PolicyStatus, RunStatus
 from schemas.coltypes import utcnow
 from schemas.tables import PolicyVersionRow, TrainingRunRow
@@ -50,10 +53,19 @@ def _client(timeout: float, headers: dict[str, str] | None) -> httpx.Client:
     return httpx.Client(timeout=timeout, headers=headers)
 
 
+def engines(settings: Settings) -> list[str]:
+    """Every engine to load adapters into (core/engines.py: the engine list, or the
+    workers behind the router); a router that cannot list them is a PublishError."""
+    try:
+        return control_urls(settings)
+    except RouterError as e:
+        raise PublishError(str(e)) from e
+
+
 def _engine_adapters(client: httpx.Client, url: str) -> set[str]:
     r = client.get(f"{url}/v1/models")
     r.raise_for_status()
-    return {m["id"] for m in r.json().get("data", [])[1:]}
+    return adapter_names(r.json())
 
 
 def load_everywhere(

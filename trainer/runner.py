@@ -237,7 +237,7 @@ def _train_and_commit(
     data_stats["run_metrics"] = run_metrics(steps, data_stats["zero_variance_share"])
 
     name = adapter_name(project_id, next_version)
-    out = Path(settings.data_dir) / "adapters" / project_id / name
+    out = Path(settings.effective_adapter_dir) / project_id / name
     tmp = out.with_name(f".{name}.{run_id}.tmp")
     if tmp.exists():
         shutil.rmtree(tmp)

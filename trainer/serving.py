@@ -53,7 +53,6 @@ def publish_version(
     factory: sessionmaker[Session], settings: Settings, version_id: str, actor: str = "system"
 ) -> bool:
     """Load a candidate everywhere, gate it, make it serving, unload the old one."""
-    urls = settings.engine_url_list
     with factory() as db:
         pv = db.get(PolicyVersionRow, version_id)
         if pv is None or pv.status != PolicyStatus.candidate:
@@ -78,7 +77,9 @@ def publish_version(
         why = {"reason": "parent_rolled_back"}
         _reject(factory, version_id, project_id, name, run_id, actor, why)
         return False
+    urls: list[str] = []
     try:
+        urls = publish.engines(settings)
         publish.load_everywhere(urls, name, path, settings.engine_headers)
         ok, metrics = publish.eval_gate(
             urls[0],
@@ -205,12 +206,13 @@ def serve_version(
         vid, name, path, status = pv.id, pv.name, pv.path, pv.status
     if status == PolicyStatus.serving:
         return {"name": name, "previous": None, "changed": False}
-    publish.load_everywhere(settings.engine_url_list, name, path, settings.engine_headers)
+    urls = publish.engines(settings)
+    publish.load_everywhere(urls, name, path, settings.engine_headers)
     previous = publish.switch_serving(
         factory, project_id, vid, actor=actor, action=action, details=details
     )
     if previous and previous != name:
-        publish.unload_everywhere(settings.engine_url_list, previous, settings.engine_headers)
+        publish.unload_everywhere(urls, previous, settings.engine_headers)
     return {"name": name, "previous": previous, "changed": True}
 
 

@@ -61,12 +61,16 @@ def retry_publish() -> list[str]:
 @app.task(name="rlgate.tick")
 def tick() -> dict[str, Any]:
     from core.settings import get_settings
-    from trainer.publish import ensure_serving_loaded
+    from trainer.publish import PublishError, engines, ensure_serving_loaded
 
     settings = get_settings()
     factory = serving.db_factory(settings)
     published = serving.retry_publish(settings, factory)
-    reloaded = ensure_serving_loaded(factory, settings.engine_url_list)
+    try:
+        reloaded = ensure_serving_loaded(factory, engines(settings))
+    except PublishError as e:  # the router cannot list its workers: the next tick retries
+        log.warning("%s", e)
+        reloaded = []
     rolled_back = runner.guard_all(factory, settings)
     started = []
     for project_id, trigger in triggers.due_projects(factory):
