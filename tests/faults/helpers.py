@@ -69,3 +69,9 @@ def wait_rows(factory: Any, ids: set[str], timeout: float) -> list[Any]:
 
 def post(client: httpx.Client, url: str, key: str, path: str, body: dict[str, Any]) -> Any:
     return client.post(url + path, json=body, headers={"Authorization": f"Bearer {key}"})
+
+
+def engine_adapters(url: str, headers: dict[str, str] | None = None) -> set[str]:
+    """The adapters an engine holds (its ``/v1/models`` entries with a parent)."""
+    data = httpx.get(f"{url}/v1/models", headers=headers or {}, timeout=30).json()["data"]
+    return {m["id"] for m in data if m.get("parent")}

@@ -36,7 +36,7 @@ from core.settings import Settings
 from gateway.engine_client import EngineClient
 from schemas.tables import InteractionRow, PolicyVersionRow
 from tests.engine.conftest import LORA_TARGETS, _make_adapter
-from tests.faults.helpers import setup_db, wait_rows
+from tests.faults.helpers import engine_adapters, setup_db, wait_rows
 from tests.servers import engine_cmd, free_port, gateway, running
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -44,11 +44,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 ENGINE_ARGS = ("--context-length", "1024", "--max-running-requests", "4", "--num-threads", "1")
 NAME = "sync-v1"
 CALLS = 12
-
-
-def _models(url: str) -> set[str]:
-    data = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
-    return {m["id"] for m in data if m.get("parent")}
 
 
 def _load(url: str, path: Path) -> None:
@@ -130,7 +125,7 @@ def test_engine_without_the_adapter_is_caught_up(sqlite_url, tmp_path, model_dir
                 found = db.scalars(select(InteractionRow).where(InteractionRow.id.in_(ids)))
                 rows = {r.id: r for r in found}
             assert {r.policy_version for r in rows.values()} == {NAME}
-            assert NAME in _models(b.url)  # loaded by the gateway, not by a trainer
+            assert NAME in engine_adapters(b.url)  # loaded by the gateway, not by a trainer
             ring = EngineClient([a.url, b.url])
             prefers_b = [ring._order(rows[i].session_id)[0].url == b.url for i in ids]
             served = [rows[i].engine_url for i in ids]
@@ -142,12 +137,12 @@ def test_engine_without_the_adapter_is_caught_up(sqlite_url, tmp_path, model_dir
         # 2. the periodic round, with no request: at the gateway's start, then again
         _unload(b.url)
         with gateway(tmp_path / "gw2", sqlite_url, urls, engine_sync_s="1"):
-            _wait(lambda: NAME in _models(b.url), 30, "the gateway's first round")
+            _wait(lambda: NAME in engine_adapters(b.url), 30, "the gateway's first round")
             _unload(b.url)
-            caught_up_s = _wait(lambda: NAME in _models(b.url), 30, "periodic reload into B")
+            caught_up_s = _wait(lambda: NAME in engine_adapters(b.url), 30, "periodic reload")
         # 3. behind a real sglang-router
         _unload(b.url)
-        assert NAME in _models(a.url) and NAME not in _models(b.url)
+        assert NAME in engine_adapters(a.url) and NAME not in engine_adapters(b.url)
         pr = free_port()
         log = tmp_path / "router.log"
         router_cmd = [_smg(), "launch", "--host", "127.0.0.1", "--port", str(pr)]
@@ -163,7 +158,7 @@ def test_engine_without_the_adapter_is_caught_up(sqlite_url, tmp_path, model_dir
             settings = Settings(engine_router_url=router_url, engine_urls="http://unused:1")
             assert sorted(publish.engines(settings)) == sorted([a.url, b.url])
             publish.load_everywhere(publish.engines(settings), NAME, str(adapter), {})
-            assert NAME in _models(b.url)  # the publish reached the worker through the list
+            assert NAME in engine_adapters(b.url)  # the publish reached the worker through the list
             _unload(b.url)  # ... B loses it again, and the gateway's first round reloads it
             with (
                 gateway(
@@ -175,7 +170,7 @@ def test_engine_without_the_adapter_is_caught_up(sqlite_url, tmp_path, model_dir
                 ) as gw,
                 httpx.Client(timeout=120) as c,
             ):
-                _wait(lambda: NAME in _models(b.url), 30, "the gateway's first round")
+                _wait(lambda: NAME in engine_adapters(b.url), 30, "the gateway's first round")
                 # both workers lose it (the router picks one we cannot choose): the first
                 # refused request loads it into both, then goes through the router again
                 _unload(a.url)
@@ -185,7 +180,7 @@ def test_engine_without_the_adapter_is_caught_up(sqlite_url, tmp_path, model_dir
                     r = _chat(c, gw.url, key, f"Count to {i}.", f"routed-{i}")
                     assert r.status_code == 200, r.text
                     assert r.headers["x-rlgate-policy-version"] == NAME
-                assert NAME in _models(a.url) and NAME in _models(b.url)
+                assert NAME in engine_adapters(a.url) and NAME in engine_adapters(b.url)
                 msgs = [{"role": "user", "content": "Describe a cat in one sentence."}]
                 body: dict[str, Any] = {"messages": msgs, "max_tokens": 8, "temperature": 0}
                 hdr = {"Authorization": f"Bearer {key}", "X-Session-Id": "routed-turns"}

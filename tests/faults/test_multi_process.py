@@ -14,7 +14,10 @@ One scenario, in order (each step needs the one before):
 4. the worker running a training run is SIGKILLed (its process group) mid-run; the other
    worker takes the project over: its run marks the dead one failed ("worker lost"),
    trains on the same samples and publishes, and the engine still alive serves the new
-   adapter (the dead one is skipped, trainer/publish.py).
+   adapter (the dead one is skipped, trainer/publish.py);
+5. the killed engine is started again, without adapters: calls to both gateways all
+   succeed on the serving version, the gateways load it into the restarted engine
+   (gateway/adapter_sync.py, before the trainer's tick would), and it serves again.
 
 The figures are printed (``-s``); bench/README.md quotes one run.
 """
@@ -25,6 +28,7 @@ import os
 import secrets
 import signal
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -47,7 +51,7 @@ from schemas.tables import (
     ProjectRow,
     TrainingRunRow,
 )
-from tests.faults.helpers import wait_rows
+from tests.faults.helpers import engine_adapters, wait_rows
 from tests.servers import MODEL_CACHE, REPO, free_port
 from tests.trainer.helpers import make_project, set_training
 from tests.trainer.test_e2e import TRAINING, _wait_run
@@ -58,6 +62,19 @@ REDIS_DB = 11  # a database of its own on the test Redis
 BEFORE_KILL = 8  # acknowledged calls before the engine is killed
 AFTER_KILL = 8  # calls started after the kill, all of which must succeed
 CLIENTS = 4
+RESTART_CALLS = 12  # calls (fresh sessions) after the killed engine is back
+
+
+def _wait_up(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"the restarted engine at {url} did not come up")
 
 
 def _consecutive_free(n: int) -> int:
@@ -151,6 +168,7 @@ def test_two_engines_two_gateways_two_workers(pg_url: str, tmp_path: Path) -> No
         ),
         shape=Shape(engines=2, gateways=2, workers=2),
     )
+    restarted: subprocess.Popen | None = None
     try:
         by_name = {c.name: c for c in stack.children}
         engines = [by_name["engine1"], by_name["engine2"]]
@@ -294,7 +312,48 @@ def test_two_engines_two_gateways_two_workers(pg_url: str, tmp_path: Path) -> No
                 r = _chat(c, g, key, body)
                 assert r.status_code == 200, r.text
                 assert r.headers["x-rlgate-policy-version"] == version.name
+
+        # 5. the killed engine restarts, without adapters: the gateways load the serving
+        # one into it (gateway/adapter_sync.py) and no call is served without it
+        victim_url = stack.engine_urls[0]
+        assert victim.proc.poll() is not None
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "RLGATE_DATA_DIR": str(data),
+            "RLGATE_ENGINE_API_KEY": engine_key,
+        }
+        with (stack.logs / "engine1-restarted.log").open("ab") as fh:
+            restarted = subprocess.Popen(
+                victim.proc.args, env=env, stdout=fh, stderr=subprocess.STDOUT
+            )
+        _wait_up(victim_url, restarted)
+        t_back = time.monotonic()
+        back_ids, loaded_s = [], None
+        with httpx.Client(timeout=120) as c:
+            for i in range(RESTART_CALLS):
+                body = {"messages": [{"role": "user", "content": f"Say {i}."}], "max_tokens": 4}
+                r = _chat(c, gw_urls[i % 2], key, body, sid=f"back-{i}")
+                assert r.status_code == 200, r.text
+                assert r.headers["x-rlgate-policy-version"] == version.name
+                back_ids.append(r.json()["id"])
+                if loaded_s is None and version.name in engine_adapters(victim_url, auth):
+                    loaded_s = time.monotonic() - t_back
+                time.sleep(0.5)
+        assert loaded_s is not None, "the restarted engine never got the serving adapter"
+        with factory() as db:
+            back = db.execute(
+                select(InteractionRow.engine_url, InteractionRow.policy_version).where(
+                    InteractionRow.id.in_(back_ids)
+                )
+            ).all()
+        assert {pv for _, pv in back} == {version.name}
+        on_restarted = sum(url == victim_url for url, _ in back)
+        assert on_restarted > 0, back  # it serves again, with the adapter
     finally:
+        if restarted is not None and restarted.poll() is None:
+            restarted.terminate()
+            restarted.wait(timeout=30)
         stack.stop()
 
     total_s = time.monotonic() - t0
@@ -312,6 +371,9 @@ def test_two_engines_two_gateways_two_workers(pg_url: str, tmp_path: Path) -> No
         f"{claimed_s:.1f} s after the kill and published {version.name} "
         f"{published_s:.1f} s after it (dead run failed: worker lost; same "
         f"{len(consumed)} samples); adapter loaded in the surviving engine\n"
+        f"  engine restart: the gateways loaded {version.name} into it within "
+        f"{loaded_s:.1f} s of it answering; {RESTART_CALLS} calls all 200 on {version.name}, "
+        f"{on_restarted} of them served by the restarted engine\n"
         f"  whole test: {total_s:.1f} s"
     )
 
