@@ -1,6 +1,4 @@
-"""WORK IN PROGRESS (llama.cpp streams are cut off at concurrency > 1; see the note).
-
-The embedded engine against llama.cpp on the same packaged GGUF, side by side in one run.
+"""The embedded engine against llama.cpp on the same packaged GGUF, side by side in one run.
 
     python3 -m venv /tmp/llamacpp && /tmp/llamacpp/bin/pip install 'llama-cpp-python[server]'
     .venv/bin/python bench/engine_vs_llamacpp.py --llamacpp-python /tmp/llamacpp/bin/python
@@ -13,8 +11,10 @@ new request cuts off the one streaming; it serves one request at a time). Each i
 with the other idle, in alternation, at 1 request at a time and at ``--concurrency``
 requests at once: every request streams ``--max-new-tokens`` greedy tokens with
 end-of-sequence suppressed (``ignore_eos`` on the engine, a -100 logit bias on
-llama.cpp), so both produce the same number of tokens. It prints tokens/s, the median
-time to first token, and the ratios.
+llama.cpp), so both produce the same number of tokens. Every request must stream all
+``--max-new-tokens`` tokens and end for length; if any request of either engine got fewer
+(a cut-off stream), the script exits with an error instead of printing a table. It prints
+tokens/s, the median time to first token, and the ratios.
 """
 
 from __future__ import annotations
@@ -74,17 +74,18 @@ def _start(cmd: list[str], url: str, health: str, env: dict[str, str]) -> subpro
         time.sleep(0.5)
 
 
-# One streamed request -> (seconds to the first token, tokens received).
-Stream = Callable[[httpx.Client, int, int], tuple[float, int]]
+# One streamed request -> (seconds to the first token, tokens received, finish reason).
+Result = tuple[float, int, str | None]
+Stream = Callable[[httpx.Client, int, int], Result]
 
 
-def engine_stream(client: httpx.Client, i: int, max_new: int) -> tuple[float, int]:
+def engine_stream(client: httpx.Client, i: int, max_new: int) -> Result:
     body = {
         "text": _prompt(i),
         "stream": True,
         "sampling_params": {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True},
     }
-    started, first, tokens = time.perf_counter(), None, 0
+    started, first, tokens, finish = time.perf_counter(), None, 0, None
     with client.stream("POST", "/generate", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
@@ -94,13 +95,15 @@ def engine_stream(client: httpx.Client, i: int, max_new: int) -> tuple[float, in
             tokens = int(meta.get("completion_tokens") or tokens)
             if first is None and tokens > 0:
                 first = time.perf_counter() - started
-    return first if first is not None else float("nan"), tokens
+            if meta.get("finish_reason"):
+                finish = meta["finish_reason"].get("type")
+    return first if first is not None else float("nan"), tokens, finish
 
 
 def llamacpp_stream(
     eos_ids: tuple[int, ...],
 ) -> Stream:
-    def run(client: httpx.Client, i: int, max_new: int) -> tuple[float, int]:
+    def run(client: httpx.Client, i: int, max_new: int) -> Result:
         body = {
             "prompt": _prompt(i),
             "max_tokens": max_new,
@@ -108,38 +111,66 @@ def llamacpp_stream(
             "stream": True,
             "logit_bias": {str(t): -100.0 for t in eos_ids},
         }
-        started, first, tokens = time.perf_counter(), None, 0
+        started, first, tokens, finish = time.perf_counter(), None, 0, None
         with client.stream("POST", "/v1/completions", json=body) as r:
             r.raise_for_status()
             for line in r.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 choice = (json.loads(line[6:]).get("choices") or [{}])[0]
-                if choice.get("text") is not None and choice.get("finish_reason") is None:
-                    tokens += 1  # llama-cpp-python streams one chunk per sampled token
+                if choice.get("finish_reason") is not None:
+                    # sent only when generation ended by itself: an interrupted stream
+                    # gets "[DONE]" without it
+                    finish = choice["finish_reason"]
+                elif choice.get("text") is not None:
+                    # llama-cpp-python streams one chunk per sampled token (a character
+                    # split over several tokens comes as one chunk; then the count is
+                    # short and the run fails the check below rather than pass silently)
+                    tokens += 1
                     if first is None:
                         first = time.perf_counter() - started
-        return first if first is not None else float("nan"), tokens
+        return first if first is not None else float("nan"), tokens, finish
 
     return run
 
 
-def measure(url: str, stream: Stream, concurrency: int, requests: int, max_new: int) -> dict:
-    def one(i: int, max_new: int) -> tuple[float, int]:  # a connection of its own
+class IncompleteStreamError(SystemExit):
+    """A request streamed fewer tokens than asked for, or did not end for length."""
+
+
+def check_complete(name: str, results: list[Result], max_new: int) -> None:
+    """Fail loudly unless every request streamed exactly ``max_new`` tokens and ended for
+    length: a cut-off stream would count fewer tokens in the same time and skew the ratio."""
+    bad = [
+        f"request {i}: {tokens} of {max_new} tokens, finish reason {finish!r}"
+        for i, (_, tokens, finish) in enumerate(results)
+        if tokens != max_new or finish != "length"
+    ]
+    if bad:
+        raise IncompleteStreamError(
+            f"{name}: {len(bad)} of {len(results)} requests incomplete:\n  " + "\n  ".join(bad)
+        )
+
+
+def measure(
+    name: str, url: str, stream: Stream, concurrency: int, requests: int, max_new: int
+) -> dict:
+    def one(i: int, max_new: int) -> Result:  # a connection of its own
         with httpx.Client(base_url=url, timeout=900) as client:
             return stream(client, i, max_new)
 
-    one(10_000, 4)  # warm-up
+    check_complete(f"{name} warm-up", [one(10_000, 4)], 4)
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         results = list(pool.map(lambda i: one(i, max_new), range(requests)))
     wall = time.perf_counter() - started
-    tokens = sum(t for _, t in results)
+    check_complete(f"{name} at {concurrency} concurrent", results, max_new)
+    tokens = sum(t for _, t, _ in results)
     return {
         "tokens": tokens,
         "wall_s": wall,
         "tokens_per_s": tokens / wall,
-        "ttft_s": statistics.median(f for f, _ in results),
+        "ttft_s": statistics.median(f for f, _, _ in results),
     }
 
 
@@ -200,6 +231,8 @@ def main() -> None:
                 str(args.threads),
                 "--n_threads_batch",
                 str(args.threads),
+                "--interrupt_requests",
+                "False",
             ],
             l_url,
             "/v1/models",
@@ -214,7 +247,7 @@ def main() -> None:
     try:
         for conc, n in ((1, 4), (args.concurrency, args.concurrency)):
             for name, (url, stream) in runs.items():  # one after the other, the other idle
-                table[(name, conc)] = measure(url, stream, conc, n, args.max_new_tokens)
+                table[(name, conc)] = measure(name, url, stream, conc, n, args.max_new_tokens)
     finally:
         for p in procs:
             p.terminate()
