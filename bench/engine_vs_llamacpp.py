@@ -9,12 +9,13 @@ the GGUF) and llama-cpp-python's OpenAI server (``python -m llama_cpp.server``) 
 itself (Q4_1 for the packaged SmolLM2-135M; ``--interrupt_requests False``: by default a
 new request cuts off the one streaming; it serves one request at a time). Each is measured
 with the other idle, in alternation, at 1 request at a time and at ``--concurrency``
-requests at once: every request streams ``--max-new-tokens`` greedy tokens with
-end-of-sequence suppressed (``ignore_eos`` on the engine, a -100 logit bias on
-llama.cpp), so both produce the same number of tokens. Every request must stream all
-``--max-new-tokens`` tokens and end for length; if any request of either engine got fewer
-(a cut-off stream), the script exits with an error instead of printing a table. It prints
-tokens/s, the median time to first token, and the ratios.
+requests at once, for ``--rounds`` rounds (the table gives the medians and every round's
+tokens/s, since other load on the machine comes in bursts). Every request streams
+``--max-new-tokens`` greedy tokens with end-of-sequence suppressed (``ignore_eos`` on the
+engine, a -100 logit bias on llama.cpp), so both produce the same number of tokens; if any
+request of either engine streamed fewer or did not end for length (a cut-off stream), the
+script exits with an error instead of printing a table. It prints tokens/s, the median
+time to first token, and the ratios.
 """
 
 from __future__ import annotations
@@ -182,6 +183,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alternated rounds; the table shows medians"
+    )
     parser.add_argument("--data-dir", default=os.environ.get("RLGATE_DATA_DIR", "./rlgate-data"))
     args = parser.parse_args()
 
@@ -243,29 +247,43 @@ def main() -> None:
         "embedded engine": (e_url, engine_stream),
         "llama.cpp": (l_url, llamacpp_stream((0, 2))),
     }
-    table: dict[tuple[str, int], dict] = {}
+    table: dict[tuple[str, int], list[dict]] = {}
+    load_before = os.getloadavg()[0]
     try:
-        for conc, n in ((1, 4), (args.concurrency, args.concurrency)):
-            for name, (url, stream) in runs.items():  # one after the other, the other idle
-                table[(name, conc)] = measure(name, url, stream, conc, n, args.max_new_tokens)
+        for _ in range(args.rounds):  # rounds alternate too, so a burst of other load
+            for conc, n in ((1, 4), (args.concurrency, args.concurrency)):  # hits both
+                for name, (url, stream) in runs.items():  # one after the other, other idle
+                    m = measure(name, url, stream, conc, n, args.max_new_tokens)
+                    table.setdefault((name, conc), []).append(m)
     finally:
         for p in procs:
             p.terminate()
             p.wait(timeout=30)
 
-    print(f"packaged GGUF {gguf.name}; {args.threads} threads; {args.max_new_tokens} greedy tokens")
-    print(f"{'engine':18s} {'concurrent':>10s} {'tokens/s':>9s} {'TTFT p50':>9s} {'tokens':>7s}")
-    for (name, conc), m in table.items():
+    def median(name: str, conc: int, key: str) -> float:
+        return statistics.median(m[key] for m in table[(name, conc)])
+
+    print(
+        f"packaged GGUF {gguf.name}; {args.threads} threads; {args.max_new_tokens} greedy "
+        f"tokens per request; median of {args.rounds} alternated rounds; 1-min load average "
+        f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
+    )
+    print(
+        f"{'engine':16s} {'concurrent':>10s} {'tokens/s':>9s} {'TTFT p50':>9s} "
+        f"{'tokens':>7s}  tokens/s per round"
+    )
+    for (name, conc), ms in table.items():
+        rounds = " ".join(f"{m['tokens_per_s']:.1f}" for m in ms)
         print(
-            f"{name:18s} {conc:10d} {m['tokens_per_s']:9.1f} {m['ttft_s'] * 1000:7.0f}ms"
-            f" {m['tokens']:7d}"
+            f"{name:16s} {conc:10d} {median(name, conc, 'tokens_per_s'):9.1f} "
+            f"{median(name, conc, 'ttft_s') * 1000:7.0f}ms {ms[0]['tokens']:7d}  {rounds}"
         )
     for conc in (1, args.concurrency):
-        e, ll = table[("embedded engine", conc)], table[("llama.cpp", conc)]
+        e, ll = "embedded engine", "llama.cpp"
         print(
             f"at {conc:2d} concurrent: embedded / llama.cpp tokens/s = "
-            f"{e['tokens_per_s'] / ll['tokens_per_s']:.2f}x, TTFT ratio "
-            f"{e['ttft_s'] / ll['ttft_s']:.2f}x"
+            f"{median(e, conc, 'tokens_per_s') / median(ll, conc, 'tokens_per_s'):.2f}x, "
+            f"TTFT ratio {median(e, conc, 'ttft_s') / median(ll, conc, 'ttft_s'):.2f}x"
         )
 
 
