@@ -15,7 +15,9 @@ tokens/s, since other load on the machine comes in bursts). Every request stream
 engine, a -100 logit bias on llama.cpp), so both produce the same number of tokens; if any
 request of either engine streamed fewer or did not end for length (a cut-off stream), the
 script exits with an error instead of printing a table. It prints tokens/s, the median
-time to first token, and the ratios.
+time to first token, and the ratios. ``--engine-dtype float32 --engine-dtype bfloat16``
+runs a second embedded engine (bfloat16 weights, activations and KV cache) beside the
+float32 one, in the same alternation.
 """
 
 from __future__ import annotations
@@ -186,73 +188,57 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=3, help="alternated rounds; the table shows medians"
     )
+    parser.add_argument(
+        "--engine-dtype",
+        action="append",
+        choices=["float32", "bfloat16"],
+        help="embedded engine weight dtype; repeat to run one engine per dtype side by side "
+        "(default: float32)",
+    )
     parser.add_argument("--data-dir", default=os.environ.get("RLGATE_DATA_DIR", "./rlgate-data"))
     args = parser.parse_args()
+    dtypes = list(dict.fromkeys(args.engine_dtype or ["float32"]))
 
     from engine.model_files import packaged_gguf_path
 
     gguf = packaged_gguf_path()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    e_port, l_port = _free_port(), _free_port()
-    e_url, l_url = f"http://127.0.0.1:{e_port}", f"http://127.0.0.1:{l_port}"
-    procs = [
-        _start(
-            [
-                sys.executable,
-                "-m",
-                "engine",
-                "--port",
-                str(e_port),
-                "--data-dir",
-                args.data_dir,
-                "--max-running-requests",
-                str(args.concurrency),
-                "--context-length",
-                "2048",
-                "--num-threads",
-                str(args.threads),
-                "--log-level",
-                "warning",
-            ],
-            e_url,
-            "/health",
-            env,
-        ),  # fmt: skip
-        _start(
-            [
-                args.llamacpp_python,
-                "-m",
-                "llama_cpp.server",
-                "--model",
-                str(gguf),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(l_port),
-                "--n_ctx",
-                "2048",
-                "--n_threads",
-                str(args.threads),
-                "--n_threads_batch",
-                str(args.threads),
-                "--interrupt_requests",
-                "False",
-            ],
-            l_url,
-            "/v1/models",
-            env,
-        ),  # fmt: skip
-    ]
-    runs = {
-        "embedded engine": (e_url, engine_stream),
-        "llama.cpp": (l_url, llamacpp_stream((0, 2))),
-    }
+    engine_cmd = [
+        sys.executable, "-m", "engine",
+        "--data-dir", args.data_dir,
+        "--max-running-requests", str(args.concurrency),
+        "--context-length", "2048",
+        "--num-threads", str(args.threads),
+        "--log-level", "warning",
+    ]  # fmt: skip
+    l_port = _free_port()
+    l_url = f"http://127.0.0.1:{l_port}"
+    llamacpp_cmd = [
+        args.llamacpp_python, "-m", "llama_cpp.server",
+        "--model", str(gguf),
+        "--host", "127.0.0.1",
+        "--port", str(l_port),
+        "--n_ctx", "2048",
+        "--n_threads", str(args.threads),
+        "--n_threads_batch", str(args.threads),
+        "--interrupt_requests", "False",
+    ]  # fmt: skip
+    runs: dict[str, tuple[str, Stream]] = {}
+    procs: list[subprocess.Popen] = []
     table: dict[tuple[str, int], list[dict]] = {}
     load_before = os.getloadavg()[0]
     try:
+        for dtype in dtypes:
+            port = _free_port()
+            url = f"http://127.0.0.1:{port}"
+            cmd = [*engine_cmd, "--port", str(port), "--dtype", dtype]
+            procs.append(_start(cmd, url, "/health", env))
+            runs[f"embedded {dtype}"] = (url, engine_stream)
+        procs.append(_start(llamacpp_cmd, l_url, "/v1/models", env))
+        runs["llama.cpp"] = (l_url, llamacpp_stream((0, 2)))
         for _ in range(args.rounds):  # rounds alternate too, so a burst of other load
             for conc, n in ((1, 4), (args.concurrency, args.concurrency)):  # hits both
-                for name, (url, stream) in runs.items():  # one after the other, other idle
+                for name, (url, stream) in runs.items():  # one after the other, others idle
                     m = measure(name, url, stream, conc, n, args.max_new_tokens)
                     table.setdefault((name, conc), []).append(m)
     finally:
@@ -269,22 +255,23 @@ def main() -> None:
         f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
     )
     print(
-        f"{'engine':16s} {'concurrent':>10s} {'tokens/s':>9s} {'TTFT p50':>9s} "
+        f"{'engine':18s} {'concurrent':>10s} {'tokens/s':>9s} {'TTFT p50':>9s} "
         f"{'tokens':>7s}  tokens/s per round"
     )
     for (name, conc), ms in table.items():
         rounds = " ".join(f"{m['tokens_per_s']:.1f}" for m in ms)
         print(
-            f"{name:16s} {conc:10d} {median(name, conc, 'tokens_per_s'):9.1f} "
+            f"{name:18s} {conc:10d} {median(name, conc, 'tokens_per_s'):9.1f} "
             f"{median(name, conc, 'ttft_s') * 1000:7.0f}ms {ms[0]['tokens']:7d}  {rounds}"
         )
     for conc in (1, args.concurrency):
-        e, ll = "embedded engine", "llama.cpp"
-        print(
-            f"at {conc:2d} concurrent: embedded / llama.cpp tokens/s = "
-            f"{median(e, conc, 'tokens_per_s') / median(ll, conc, 'tokens_per_s'):.2f}x, "
-            f"TTFT ratio {median(e, conc, 'ttft_s') / median(ll, conc, 'ttft_s'):.2f}x"
-        )
+        for dtype in dtypes:
+            e, ll = f"embedded {dtype}", "llama.cpp"
+            print(
+                f"at {conc:2d} concurrent: {e} / llama.cpp tokens/s = "
+                f"{median(e, conc, 'tokens_per_s') / median(ll, conc, 'tokens_per_s'):.2f}x, "
+                f"TTFT ratio {median(e, conc, 'ttft_s') / median(ll, conc, 'ttft_s'):.2f}x"
+            )
 
 
 if __name__ == "__main__":
