@@ -23,6 +23,7 @@ float32 one, in the same alternation.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -82,6 +83,11 @@ Result = tuple[float, int, str | None]
 Stream = Callable[[httpx.Client, int, int], Result]
 
 
+# A stream the server closes early (llama-cpp-python without ``--interrupt_requests False``
+# drops the connection of the request it cuts off): keep what came; check_complete reports it.
+CUT_OFF = httpx.RemoteProtocolError
+
+
 def engine_stream(client: httpx.Client, i: int, max_new: int) -> Result:
     body = {
         "text": _prompt(i),
@@ -89,7 +95,7 @@ def engine_stream(client: httpx.Client, i: int, max_new: int) -> Result:
         "sampling_params": {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True},
     }
     started, first, tokens, finish = time.perf_counter(), None, 0, None
-    with client.stream("POST", "/generate", json=body) as r:
+    with client.stream("POST", "/generate", json=body) as r, contextlib.suppress(CUT_OFF):
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -115,7 +121,7 @@ def llamacpp_stream(
             "logit_bias": {str(t): -100.0 for t in eos_ids},
         }
         started, first, tokens, finish = time.perf_counter(), None, 0, None
-        with client.stream("POST", "/v1/completions", json=body) as r:
+        with client.stream("POST", "/v1/completions", json=body) as r, contextlib.suppress(CUT_OFF):
             r.raise_for_status()
             for line in r.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
