@@ -26,10 +26,7 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
-import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +40,7 @@ from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
 from core.migrate import upgrade
 from core.settings import Settings
-from rlgate.up import Child, Shape, launch
+from rlgate.up import Shape, launch
 from schemas.tables import (
     FeedbackRow,
     InteractionRow,
@@ -52,7 +49,15 @@ from schemas.tables import (
     TrainingRunRow,
 )
 from tests.faults.helpers import engine_adapters, wait_rows
-from tests.servers import MODEL_CACHE, REPO, free_port
+from tests.faults.stack import (
+    Load,
+    chat,
+    consecutive_free,
+    sigkill,
+    wait_up,
+    worker_ready,
+)
+from tests.servers import MODEL_CACHE, REPO
 from tests.trainer.helpers import make_project, set_training
 from tests.trainer.test_e2e import TRAINING, _wait_run
 
@@ -65,63 +70,12 @@ CLIENTS = 4
 RESTART_CALLS = 12  # calls (fresh sessions) after the killed engine is back
 
 
-def _wait_up(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None and time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"the restarted engine at {url} did not come up")
-
-
-def _consecutive_free(n: int) -> int:
-    """A port p with p .. p+n-1 all free (launch() uses consecutive ports)."""
-    for _ in range(200):
-        base = free_port()
-        if base + n < 65000 and all(_free(base + i) for i in range(n)):
-            return base
-    raise RuntimeError("no run of free ports")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _worker_ready(child: Child, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while b"ready." not in child.log.read_bytes():
-        assert child.proc.poll() is None, child.log.read_text()[-3000:]
-        assert time.monotonic() < deadline, child.log.read_text()[-3000:]
-        time.sleep(0.3)
-
-
-def _sigkill(child: Child) -> None:
-    """SIGKILL of the child's process group (a worker's schedule too), reaped."""
-    os.killpg(child.proc.pid, signal.SIGKILL)
-    child.proc.wait(timeout=30)
-
-
 def _row(factory: Any, iid: str) -> InteractionRow:
     wait_rows(factory, {iid}, timeout=30)
     with factory() as db:
         row = db.get(InteractionRow, iid)
     assert row is not None, iid
     return row
-
-
-def _chat(c: httpx.Client, url: str, key: str, body: dict[str, Any], sid: str | None = None):
-    headers = {"Authorization": f"Bearer {key}"}
-    if sid:
-        headers["X-Session-Id"] = sid
-    return c.post(url + "/v1/chat/completions", json=body, headers=headers)
 
 
 def test_two_engines_two_gateways_two_workers(pg_url: str, tmp_path: Path) -> None:
@@ -147,8 +101,8 @@ def test_two_engines_two_gateways_two_workers(pg_url: str, tmp_path: Path) -> No
     redis.Redis.from_url(broker).flushdb()  # this test's own Redis database
     engine_key = secrets.token_urlsafe(16)
     settings = Settings(data_dir=data, database_url=pg_url, broker_url=broker)
-    port = _consecutive_free(2)
-    engine_port = _consecutive_free(2)
+    port = consecutive_free(2)
+    engine_port = consecutive_free(2)
     # `rlgate up --engines 2 --gateways 2 --workers 2`, as run_up starts it
     stack = launch(
         settings,
@@ -178,7 +132,7 @@ def test_two_engines_two_gateways_two_workers(pg_url: str, tmp_path: Path) -> No
         assert stack.engine_urls == [f"http://127.0.0.1:{engine_port + i}" for i in (0, 1)]
         assert gw_urls == [f"http://127.0.0.1:{port + i}" for i in (0, 1)]
         for w in workers:
-            _worker_ready(w)
+            worker_ready(w)
         started_s = time.monotonic() - t0
         gw_a, gw_b = gw_urls
         auth = {"Authorization": f"Bearer {engine_key}"}
@@ -187,7 +141,7 @@ def test_two_engines_two_gateways_two_workers(pg_url: str, tmp_path: Path) -> No
             # 1. session affinity across gateways, and the prefix cache on the second turn
             messages = [{"role": "user", "content": "Describe a cat in one sentence."}]
             body = {"messages": messages, "max_tokens": 8, "temperature": 0.0}
-            r1 = _chat(c, gw_a, key, body, sid="affine-1")
+            r1 = chat(c, gw_a, key, body, sid="affine-1")
             assert r1.status_code == 200, r1.text
             first = _row(factory, r1.json()["id"])
             answer = r1.json()["choices"][0]["message"]["content"]
@@ -196,7 +150,7 @@ def test_two_engines_two_gateways_two_workers(pg_url: str, tmp_path: Path) -> No
                 {"role": "user", "content": "And a dog?"},
             ]
             body = {"messages": messages, "max_tokens": 8, "temperature": 0.0}
-            r2 = _chat(c, gw_b, key, body, sid="affine-1")
+            r2 = chat(c, gw_b, key, body, sid="affine-1")
             assert r2.status_code == 200, r2.text
             second = _row(factory, r2.json()["id"])
             cached = r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -214,7 +168,7 @@ def test_two_engines_two_gateways_two_workers(pg_url: str, tmp_path: Path) -> No
                     "temperature": 1.0,
                     "max_tokens": 8,
                 }
-                r = _chat(c, gw_a, key, body)
+                r = chat(c, gw_a, key, body)
                 assert r.status_code == 200, r.text
                 ids = [f"{r.json()['id']}.{i}" for i in (0, 1)]
                 for iid, value in zip(ids, (1, 0), strict=True):
@@ -240,13 +194,13 @@ def test_two_engines_two_gateways_two_workers(pg_url: str, tmp_path: Path) -> No
             assert set(stored) == set(rated)
 
         # 3. SIGKILL of one engine under concurrent calls to both gateways
-        load = _Load(gw_urls, key)
+        load = Load(gw_urls, key, CLIENTS)
         load.start()
         load.wait(lambda: load.acked() >= BEFORE_KILL, 120)
         victim, survivor = engines
         survivor_url = stack.engine_urls[1]
         t_kill = time.monotonic()
-        _sigkill(victim)
+        sigkill(victim)
         load.wait(lambda: load.done_after(t_kill) >= AFTER_KILL, 120)
         load.stop()
         after = [x for x in load.calls if x["start"] > t_kill]
@@ -283,7 +237,7 @@ def test_two_engines_two_gateways_two_workers(pg_url: str, tmp_path: Path) -> No
         (other,) = [w for w in workers if w is not dying]
         time.sleep(3)  # loading the model, or inside the delayed optimizer step
         t_wkill = time.monotonic()
-        _sigkill(dying)
+        sigkill(dying)
         set_training(factory, pid, step_delay_s=0.0)
         run2 = runs.create_queued(factory, pid, "manual")
         send(run2)
@@ -309,7 +263,7 @@ def test_two_engines_two_gateways_two_workers(pg_url: str, tmp_path: Path) -> No
         with httpx.Client(timeout=120) as c:
             for g in gw_urls:
                 body = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4}
-                r = _chat(c, g, key, body)
+                r = chat(c, g, key, body)
                 assert r.status_code == 200, r.text
                 assert r.headers["x-rlgate-policy-version"] == version.name
 
@@ -327,13 +281,13 @@ def test_two_engines_two_gateways_two_workers(pg_url: str, tmp_path: Path) -> No
             restarted = subprocess.Popen(
                 victim.proc.args, env=env, stdout=fh, stderr=subprocess.STDOUT
             )
-        _wait_up(victim_url, restarted)
+        wait_up(victim_url, restarted)
         t_back = time.monotonic()
         back_ids, loaded_s = [], None
         with httpx.Client(timeout=120) as c:
             for i in range(RESTART_CALLS):
                 body = {"messages": [{"role": "user", "content": f"Say {i}."}], "max_tokens": 4}
-                r = _chat(c, gw_urls[i % 2], key, body, sid=f"back-{i}")
+                r = chat(c, gw_urls[i % 2], key, body, sid=f"back-{i}")
                 assert r.status_code == 200, r.text
                 assert r.headers["x-rlgate-policy-version"] == version.name
                 back_ids.append(r.json()["id"])
@@ -376,56 +330,3 @@ def test_two_engines_two_gateways_two_workers(pg_url: str, tmp_path: Path) -> No
         f"{on_restarted} of them served by the restarted engine\n"
         f"  whole test: {total_s:.1f} s"
     )
-
-
-class _Load:
-    """CLIENTS threads of one-turn calls (fresh sessions) alternating between gateways."""
-
-    def __init__(self, gateways: list[str], key: str) -> None:
-        self.gateways, self.key = gateways, key
-        self.calls: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-        self.halt = threading.Event()
-        self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(CLIENTS)]
-
-    def _run(self, i: int) -> None:
-        k = 0
-        with httpx.Client(timeout=120) as c:
-            while not self.halt.is_set():
-                k += 1
-                gw = self.gateways[(i + k) % 2]
-                text = f"Client {i}, call {k}: name a color."
-                body = {"messages": [{"role": "user", "content": text}], "max_tokens": 4}
-                start = time.monotonic()
-                try:
-                    r = _chat(c, gw, self.key, body)
-                    status, iid = r.status_code, r.json().get("id")
-                except (httpx.HTTPError, ValueError) as e:
-                    status, iid = type(e).__name__, None
-                with self.lock:
-                    self.calls.append(
-                        {"start": start, "end": time.monotonic(), "status": status, "id": iid}
-                    )
-
-    def start(self) -> None:
-        for t in self.threads:
-            t.start()
-
-    def stop(self) -> None:
-        self.halt.set()
-        for t in self.threads:
-            t.join(timeout=150)
-
-    def acked(self) -> int:
-        with self.lock:
-            return sum(x["status"] == 200 for x in self.calls)
-
-    def done_after(self, t: float) -> int:
-        with self.lock:
-            return sum(x["start"] > t for x in self.calls)
-
-    def wait(self, cond: Any, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            assert time.monotonic() < deadline, self.calls[-5:]
-            time.sleep(0.1)
