@@ -52,6 +52,16 @@ def adapter_names(models: Any) -> set[str]:
     }
 
 
+def load_result(status: int, body: Any, name: str) -> tuple[bool, str]:
+    """(loaded?, the engine's message) of a ``/load_lora_adapter`` answer: loaded when it
+    succeeded, or when the engine already holds ``name`` (a retried or concurrent load)."""
+    body = body if isinstance(body, dict) else {}
+    message = str(body.get("error_message") or body.get("error") or "")
+    if status == 200 and body.get("success", True):
+        return True, message
+    return name in (body.get("loaded_adapters") or {}) or "already loaded" in message, message
+
+
 def router_workers(router_url: str, headers: dict[str, str], timeout: float = 10.0) -> list[str]:
     """The workers behind an sglang-router; :class:`RouterError` if it cannot say."""
     errors = []

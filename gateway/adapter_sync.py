@@ -27,7 +27,7 @@ import aiohttp
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.engines import WORKER_LISTINGS, adapter_names, worker_urls
+from core.engines import WORKER_LISTINGS, adapter_names, load_result, worker_urls
 from gateway.engine_client import EngineClient
 from schemas.atdp import PolicyStatus
 from schemas.tables import PolicyVersionRow
@@ -94,9 +94,8 @@ class AdapterSync:
         except _ANY as e:
             self.engines.adapter_errors[name] = f"{url}: {type(e).__name__}: {e}"
             return False
-        answer = answer if isinstance(answer, dict) else {}
-        message = str(answer.get("error_message") or answer.get("error") or "")
-        if (status == 200 and answer.get("success", True)) or "already loaded" in message:
+        ok, message = load_result(status, answer, name)
+        if ok:
             log.info("loaded serving adapter %s into %s", name, url)
             self.engines.adapter_errors.pop(name, None)
             return True
@@ -120,9 +119,8 @@ class AdapterSync:
                     if await self.load(url, name, serving[name]):
                         lacking.discard(name)
                         loaded.append(f"{url}:{name}")
-                for slot in self.engines.slots:
-                    if slot.url == url:
-                        slot.missing = lacking
+                if slot := self.engines.slot(url):
+                    slot.missing = lacking
             return loaded
 
     async def check(self, url: str, adapter: str) -> bool:
@@ -133,9 +131,8 @@ class AdapterSync:
             have = await self.adapters(url)
             if have is None or adapter in have:
                 return False  # refused for another reason: the client's error stands
-            for slot in self.engines.slots:
-                if slot.url == url:
-                    slot.missing.add(adapter)
+            if slot := self.engines.slot(url):
+                slot.missing.add(adapter)
             log.warning("engine %s lacks adapter %s: next engine, and loading it", url, adapter)
             self._wake.set()
             return True

@@ -197,6 +197,10 @@ class EngineClient:
         proxy, auth = self._proxies[url]
         return {"proxy": proxy, "proxy_auth": auth} if proxy is not None else {}
 
+    def slot(self, url: str) -> EngineSlot | None:
+        """The routed engine at ``url`` (None for a router's worker)."""
+        return next((s for s in self.slots if s.url == url), None)
+
     @property
     def in_flight(self) -> int:
         return sum(s.in_flight for s in self.slots)

@@ -28,7 +28,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.db import transaction
-from core.engines import RouterError, adapter_names, control_urls
+from core.engines import RouterError, adapter_names, control_urls, load_result
 from core.keys import audit
 from core.settings import Settings
 from schemas.atdp import PolicyStatus, RunStatus
@@ -83,15 +83,11 @@ def load_everywhere(
                 r = client.post(
                     f"{url}/load_lora_adapter", json={"lora_name": name, "lora_path": path}
                 )
-                body = r.json() if r.content else {}
-                if r.status_code == 200 and body.get("success", True):
+                ok, message = load_result(r.status_code, r.json() if r.content else {}, name)
+                if ok:  # loaded now, or by an earlier attempt
                     loaded += 1
                     continue
-                message = body.get("error_message") or body.get("error") or r.text
-                if name in (body.get("loaded_adapters") or {}) or "already loaded" in str(message):
-                    loaded += 1
-                    continue  # loaded by an earlier attempt
-                errors.append(f"{url}: {message}")
+                errors.append(f"{url}: {message or r.text}")
             except httpx.ConnectError as e:
                 unreachable.append(f"{url}: {type(e).__name__}: {e}")
             except (httpx.HTTPError, ValueError) as e:
