@@ -182,9 +182,11 @@ def gateway(host: str | None, port: int | None) -> None:
     """Run the gateway (OpenAI-compatible API, recording, sessions)."""
     import uvicorn
 
+    from core.logs import configure as configure_logging
     from gateway.app import build_gateway, create_app
 
     settings = load_settings()
+    configure_logging(settings.log_level)  # rlgate's own loggers, as the worker's
     build_gateway(settings)  # fail fast, with one line, on a bad database or model
     host = host or settings.gateway_host
     port = port or settings.gateway_port

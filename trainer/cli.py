@@ -5,20 +5,12 @@
 from __future__ import annotations
 
 import json
-import logging
 import sys
 
 import click
 
+from core.logs import configure as configure_logging
 from core.settings import get_settings
-
-
-def _logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
 
 
 @click.command("worker")
@@ -46,7 +38,7 @@ def worker_command(
 
     settings = get_settings()
     level = loglevel or settings.log_level
-    _logging(level)
+    configure_logging(level)
     argv = [
         "worker",
         f"--loglevel={level.upper()}",
@@ -85,7 +77,7 @@ def train_command(once: bool, projects: tuple[str, ...], progress: bool) -> None
     from trainer import api, runner, serving
 
     settings = get_settings()
-    _logging(settings.log_level)
+    configure_logging(settings.log_level)
     factory = serving.db_factory(settings)
     if not projects:
         with factory() as db:
