@@ -58,7 +58,7 @@ from tests.faults.stack import (
     worker_ready,
 )
 from tests.servers import MODEL_CACHE, REPO
-from tests.trainer.helpers import make_project, set_training
+from tests.trainer.helpers import make_project, rewards, set_training
 from tests.trainer.test_e2e import TRAINING, _wait_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -179,18 +179,12 @@ def test_two_engines_two_gateways_two_workers(pg_url: str, tmp_path: Path) -> No
                     )
                     assert fb.status_code == 200, fb.text
                 rated += ids
+            stored_rewards = rewards(factory, rated)
             with factory() as db:
-                rewards = dict(
-                    db.execute(
-                        select(InteractionRow.id, InteractionRow.reward).where(
-                            InteractionRow.id.in_(rated)
-                        )
-                    ).all()
-                )
                 stored = db.scalars(
                     select(FeedbackRow.target_id).where(FeedbackRow.project_id == pid)
                 ).all()
-            assert sorted(rewards.values()) == [-1.0, -1.0, 1.0, 1.0], rewards
+            assert sorted(stored_rewards.values()) == [-1.0, -1.0, 1.0, 1.0], stored_rewards
             assert set(stored) == set(rated)
 
         # 3. SIGKILL of one engine under concurrent calls to both gateways
@@ -295,6 +289,12 @@ def test_two_engines_two_gateways_two_workers(pg_url: str, tmp_path: Path) -> No
                     loaded_s = time.monotonic() - t_back
                 time.sleep(0.5)
         assert loaded_s is not None, "the restarted engine never got the serving adapter"
+        # loaded by a gateway's adapter sync (gateway/adapter_sync.py), not the trainer's tick
+        loads = f"loaded serving adapter {version.name} into {victim_url}"
+        gateway_logs = [
+            by_name[g].log.read_text(errors="replace") for g in ("gateway1", "gateway2")
+        ]
+        assert any(loads in text for text in gateway_logs), loads
         with factory() as db:
             back = db.execute(
                 select(InteractionRow.engine_url, InteractionRow.policy_version).where(

@@ -9,6 +9,7 @@ from functools import lru_cache
 from typing import Any
 
 import httpx
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.db import transaction
@@ -44,6 +45,15 @@ def make_project(factory: sessionmaker[Session], training: dict[str, Any]) -> st
     with transaction(factory) as db:
         db.add(ProjectRow(id=pid, name=pid, settings={"training": training}))
     return pid
+
+
+def rewards(factory: sessionmaker[Session], ids: list[str]) -> dict[str, float | None]:
+    """The reward stored on each of these interactions (set by their feedback)."""
+    with factory() as db:
+        rows = db.execute(
+            select(InteractionRow.id, InteractionRow.reward).where(InteractionRow.id.in_(ids))
+        ).all()
+    return {iid: reward for iid, reward in rows}
 
 
 def set_training(factory: sessionmaker[Session], pid: str, **values: Any) -> None:

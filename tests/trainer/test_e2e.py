@@ -22,7 +22,7 @@ from core.migrate import upgrade
 from core.settings import Settings, get_settings
 from schemas.tables import AuditEventRow, InteractionRow, PolicyVersionRow, TrainingRunRow
 from tests.servers import REPO, engine_cmd, free_port, running
-from tests.trainer.helpers import MODEL_DIR, greedy, make_project, record, set_training
+from tests.trainer.helpers import MODEL_DIR, greedy, make_project, record, rewards, set_training
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -340,15 +340,7 @@ def test_gateway_rate_train_serve_loop(
                 )
                 assert r.status_code == 200, r.text
                 rated.append(f"{resp.id}.{i}")
-        with factory() as db:
-            rewards = dict(
-                db.execute(
-                    select(InteractionRow.id, InteractionRow.reward).where(
-                        InteractionRow.id.in_(rated)
-                    )
-                ).all()
-            )
-        assert sorted(rewards.values()) == [-1.0, -1.0, 1.0, 1.0]
+        assert sorted(rewards(factory, rated).values()) == [-1.0, -1.0, 1.0, 1.0]
 
         worker = Worker(env, queue, tmp_path / "worker.log")
         try:
