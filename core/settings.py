@@ -53,6 +53,30 @@ class Settings(BaseSettings):
         "over), and adapters are loaded into each worker it lists (GET /workers); "
         "RLGATE_ENGINE_URLS is then not used.",
     )
+    engine_router_workers: str = Field(
+        "",
+        description="The router's workers rlgate may load adapters into (and send the "
+        "engine key): comma-separated URLs or fnmatch patterns, e.g. http://10.0.0.*:30000. "
+        "A worker the router lists that is on neither gets no key and no adapter, and is "
+        "logged; empty: none.",
+    )
+    engine: str = Field(
+        "embedded",
+        pattern="^(embedded|sglang)$",
+        description="What `rlgate up` starts as its engine: the embedded CPU engine, or "
+        "real SGLang (RLGATE_SGLANG_COMMAND, docs/engine.md).",
+    )
+    sglang_command: str = Field(
+        "python3 -m sglang.launch_server",
+        description="How `rlgate up --engine sglang` starts SGLang (a command line; rlgate "
+        "adds --model-path, --host, --port, --api-key and the LoRA flags). The operator's "
+        "own setting: data and the admin API never change it.",
+    )
+    sglang_args: str = Field(
+        "",
+        description="More SGLang flags for `rlgate up --engine sglang`, e.g. the CPU recipe's "
+        "(docs/engine.md).",
+    )
     engine_sync_s: float = Field(
         5.0,
         gt=0,
@@ -264,6 +288,10 @@ class Settings(BaseSettings):
     @property
     def engine_url_list(self) -> list[str]:
         return [u.strip().rstrip("/") for u in self.engine_urls.split(",") if u.strip()]
+
+    @property
+    def engine_router_worker_list(self) -> list[str]:
+        return [u.strip() for u in self.engine_router_workers.split(",") if u.strip()]
 
     @property
     def engine_api_key_value(self) -> str | None:

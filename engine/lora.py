@@ -242,8 +242,9 @@ class AdapterRegistry:
         """Refuse new uses of ``name``, wait for running ones, then drop it."""
         with self._cond:
             adapter = self._adapters.get(name)
-            if adapter is None or adapter.unloading:
-                raise AdapterError(f"no LoRA adapter named {name!r} is loaded")
+            if adapter is None or adapter.unloading:  # SGLang's wording
+                loaded = sorted(n for n, a in self._adapters.items() if not a.unloading)
+                raise AdapterError(f"LoRA with name {name} does not exist. Loaded LoRAs: {loaded}")
             adapter.unloading = True
             done = self._cond.wait_for(lambda: adapter.refcount == 0, timeout=timeout)
             if not done:
@@ -252,3 +253,14 @@ class AdapterRegistry:
                     f"adapter {name!r} is still used by running requests after {timeout} s"
                 )
             del self._adapters[name]
+            self._cond.notify_all()
+
+    def wait_unloaded(self, name: str, timeout: float | None = None) -> bool:
+        """Wait while an unload of ``name`` is pending; True when none is (any more)."""
+        with self._cond:
+
+            def settled() -> bool:
+                adapter = self._adapters.get(name)
+                return adapter is None or not adapter.unloading
+
+            return self._cond.wait_for(settled, timeout=timeout)

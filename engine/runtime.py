@@ -21,6 +21,7 @@ from engine.grammar import GrammarCompiler, GrammarError
 from engine.llama import LlamaModel
 from engine.lora import (
     DEFAULT_TARGET_MODULES,
+    AdapterError,
     AdapterRegistry,
     check_adapter_dir,
     read_peft_adapter,
@@ -82,6 +83,9 @@ class Engine:
         self.served_model_name = config.served_model_name or config.model_path
         self.allowed_modules = frozenset(config.lora_target_modules)
         self.registry = AdapterRegistry(config.max_loaded_loras)
+        # every adapter ever loaded: name -> (path, pinned), as SGLang's lora_ref_cache,
+        # to re-load it on demand when a request names it after its unload
+        self.known: dict[str, tuple[str, bool]] = {}
         self.scheduler = sched.Scheduler(
             self.model,
             self.tokenizer,
@@ -112,6 +116,30 @@ class Engine:
         )
         adapter.pinned = pinned
         self.registry.add(adapter)
+        self.known[name] = (path, pinned)
+
+    def reload_unloaded(self, names: set[str], timeout: float) -> None:
+        """SGLang's behaviour for a request naming adapters that are not loaded: one that
+        was loaded before (and unloaded since) is loaded again from the path it was
+        loaded from, after an unload still pending for it finished; one never loaded,
+        or one whose re-load fails (its path is gone), is an AdapterError (400)."""
+        for name in sorted(names):
+            if name in self.registry.names():
+                continue
+            if name not in self.known:
+                raise AdapterError(
+                    f"Got LoRA adapter that has never been loaded: {name}; "
+                    f"loaded adapters: {sorted(self.registry.names())}"
+                )
+            self.registry.wait_unloaded(name, timeout)
+            path, pinned = self.known[name]
+            try:
+                self.load_adapter(name, path, pinned)
+            except AdapterError as e:
+                if "already loaded" not in str(e):
+                    raise AdapterError(f"Failed to implicitly load LoRA adapter {name}: {e}") from e
+            except Exception as e:  # unreadable or missing files
+                raise AdapterError(f"Failed to implicitly load LoRA adapter {name}: {e}") from e
 
     # ---- request building ---------------------------------------------------------------
 

@@ -122,10 +122,6 @@ def create_app(engine: Engine) -> FastAPI:
             **scheduler.load,
         }
 
-    @app.get("/get_weight_version")
-    async def get_weight_version() -> dict[str, Any]:
-        return {"weight_version": scheduler.weight_version}
-
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
         base = {
@@ -216,10 +212,20 @@ def create_app(engine: Engine) -> FastAPI:
         try:
             body = GenerateReqInput.model_validate(raw)
             items, single = normalize(body)
+        except ValidationError as exc:
+            return _error(_validation_message(exc))
+        except ProtocolError as exc:
+            return _error(str(exc))
+        try:
+            names = {item.lora_name for item in items if item.lora_name}
+            if names - set(engine.registry.names()):
+                await asyncio.to_thread(engine.reload_unloaded, names, UNLOAD_WAIT_S)
             reqs = engine.build_requests(items, body.stream, body.return_text_in_logprobs)
         except ValidationError as exc:
             return _error(_validation_message(exc))
         except (ProtocolError, AdapterError) as exc:
+            if body.stream:  # as SGLang: found after the stream began, so inside a 200
+                return StreamingResponse(_error_stream(str(exc)), media_type="text/event-stream")
             return _error(str(exc))
 
         loop = asyncio.get_running_loop()
@@ -264,6 +270,13 @@ def create_app(engine: Engine) -> FastAPI:
         return JSONResponse(results if many else results[0])
 
     return app
+
+
+async def _error_stream(message: str) -> AsyncIterator[bytes]:
+    """SGLang's stream for a request refused after its stream began: one error event."""
+    event = {"error": {"message": message, "type": "invalid_request_error", "code": 400}}
+    yield b"data: " + json.dumps(event).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
 
 
 def _make_sink(

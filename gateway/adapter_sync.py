@@ -3,13 +3,18 @@
 An engine that restarted, or joined, starts without adapters. Each gateway brings it to
 the serving versions itself instead of waiting for the trainer's tick:
 - every ``RLGATE_ENGINE_SYNC_S`` seconds, ``sync_once`` lists each engine's adapters
-  (``GET /v1/models``) and loads the serving ones it lacks (``POST /load_lora_adapter``,
-  the path the trainer recorded; engines must read it at that path: RLGATE_ADAPTER_DIR);
+  (``GET /v1/models``), loads the serving ones it lacks (``POST /load_lora_adapter``,
+  from the version's live directory, which the trainer created: core/live_adapters.py;
+  engines must read it at that path: RLGATE_ADAPTER_DIR) and unloads retired or
+  rejected versions it still holds (core/engine_protocol.py ``sync_plan``, the trainer's
+  tick uses the same plan);
 - between two rounds, an engine that answers 400 to a request naming an adapter is asked
   whether it lacks it (``check``). If it does, the engine client marks it and tries the
   next engine on the session's ring, and a round starts at once. Behind an sglang-router
   (which picks the worker itself), the adapter is loaded into every worker that lacks it
-  before the client sends the request through the router once more.
+  before the client sends the request through the router once more. Only the workers
+  the operator named (``RLGATE_ENGINE_ROUTER_WORKERS``) are reached; any other worker
+  the router lists gets no key and no adapter, and is logged (core/engine_workers.py).
 
 So a request is never served by the base model in place of its adapter: the engine
 refuses an adapter it lacks, and the request goes where it is loaded, or gets a 503 that
@@ -27,7 +32,9 @@ import aiohttp
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.engines import WORKER_LISTINGS, adapter_names, load_result, worker_urls
+from core import engine_protocol as proto
+from core.engine_workers import allowed_workers
+from core.live_adapters import live_path
 from gateway.engine_client import EngineClient
 from schemas.atdp import PolicyStatus
 from schemas.tables import PolicyVersionRow
@@ -39,9 +46,14 @@ LOAD_TIMEOUT_S = 120.0
 
 class AdapterSync:
     def __init__(
-        self, engines: EngineClient, factory: sessionmaker[Session], interval_s: float = 5.0
+        self,
+        engines: EngineClient,
+        factory: sessionmaker[Session],
+        interval_s: float = 5.0,
+        router_workers: list[str] | None = None,
     ) -> None:
         self.engines = engines
+        self.router_workers = router_workers or []  # the operator's list (patterns)
         self.factory = factory
         self.interval_s = interval_s
         self._wake = asyncio.Event()
@@ -50,51 +62,55 @@ class AdapterSync:
 
     # ---- what is, and what should be ----------------------------------------------
 
-    def _serving_rows(self) -> dict[str, str]:
+    def _rows(self) -> tuple[dict[str, str], set[str]]:
         with self.factory() as db:
             rows = db.execute(
-                select(PolicyVersionRow.name, PolicyVersionRow.path).where(
-                    PolicyVersionRow.status == PolicyStatus.serving
-                )
+                select(PolicyVersionRow.name, PolicyVersionRow.path, PolicyVersionRow.status)
             ).all()
-        return {name: path for name, path in rows}
+        serving = {n: str(live_path(p)) for n, p, s in rows if s == PolicyStatus.serving}
+        out = {n for n, _, s in rows if s in (PolicyStatus.retired, PolicyStatus.rejected)}
+        return serving, out
+
+    async def versions(self) -> tuple[dict[str, str], set[str]]:
+        """(every project's serving adapter: name -> the path to load it from, the names
+        of versions out of service)."""
+        return await asyncio.to_thread(self._rows)
 
     async def serving(self) -> dict[str, str]:
-        """Every project's serving adapter: name -> path."""
-        return await asyncio.to_thread(self._serving_rows)
+        return (await self.versions())[0]
 
     async def workers(self) -> list[str]:
         """The engines to load adapters into: the router's workers, or the engine list."""
         router = self.engines.router
         if not router:
             return [s.url for s in self.engines.slots]
-        for path in WORKER_LISTINGS:
+        for path in proto.WORKER_LISTINGS:
             with contextlib.suppress(*_ANY):
                 status, body = await self.engines.call("GET", router + path)
-                urls = worker_urls(body) if status == 200 else None
+                urls = proto.worker_urls(body) if status == 200 else None
                 if urls is not None:
-                    return urls
-        log.warning("router %s did not list its workers (GET %s)", router, WORKER_LISTINGS)
+                    return allowed_workers(urls, self.router_workers, log)
+        log.warning("router %s did not list its workers (GET %s)", router, proto.WORKER_LISTINGS)
         return []
 
-    async def adapters(self, url: str) -> set[str] | None:
-        """The adapters the engine at ``url`` holds; None if it cannot be asked."""
+    async def adapters(self, url: str) -> dict[str, str] | None:
+        """The adapters the engine at ``url`` holds (name -> path); None if it cannot be
+        asked."""
         try:
-            status, body = await self.engines.call("GET", f"{url}/v1/models")
+            status, body = await self.engines.call("GET", url + proto.MODELS)
         except _ANY:
             return None
-        return adapter_names(body) if status == 200 else None
+        return proto.loaded_adapters(body) if status == 200 else None
 
     async def load(self, url: str, name: str, path: str) -> bool:
-        body = {"lora_name": name, "lora_path": path}
         try:
             status, answer = await self.engines.call(
-                "POST", f"{url}/load_lora_adapter", body, timeout=LOAD_TIMEOUT_S
+                "POST", url + proto.LOAD, proto.load_body(name, path), timeout=LOAD_TIMEOUT_S
             )
         except _ANY as e:
             self.engines.adapter_errors[name] = f"{url}: {type(e).__name__}: {e}"
             return False
-        ok, message = load_result(status, answer, name)
+        ok, message = proto.load_result(status, answer, name)
         if ok:
             log.info("loaded serving adapter %s into %s", name, url)
             self.engines.adapter_errors.pop(name, None)
@@ -103,25 +119,44 @@ class AdapterSync:
         log.warning("could not load %s into %s: %s", name, url, message[:300])
         return False
 
+    async def unload(self, url: str, name: str) -> bool:
+        try:
+            status, answer = await self.engines.call(
+                "POST", url + proto.UNLOAD, proto.unload_body(name), timeout=LOAD_TIMEOUT_S
+            )
+        except _ANY:
+            return False
+        ok, message = proto.unload_result(status, answer, name)
+        if ok:
+            log.info("unloaded retired adapter %s from %s", name, url)
+        else:
+            log.warning("could not unload retired %s from %s: %s", name, url, message[:300])
+        return ok
+
     # ---- bringing engines to the serving versions -----------------------------------
 
     async def sync_once(self) -> list[str]:
-        """Load the serving adapters every engine lacks; returns 'url:name' loaded."""
+        """Load the serving adapters every engine lacks and unload the retired ones it
+        holds; returns 'url:name' loaded and '-url:name' unloaded."""
         async with self._lock:
-            serving = await self.serving()
-            loaded = []
+            serving, out = await self.versions()
+            done = []
             for url in await self.workers():
                 have = await self.adapters(url)
                 if have is None:  # down: the client fails over; the next round retries
                     continue
-                lacking = set(serving) - have
-                for name in sorted(lacking):
-                    if await self.load(url, name, serving[name]):
+                plan = proto.sync_plan(serving, have, out)
+                lacking = {name for name, _ in plan.load}
+                for name, path in plan.load:
+                    if await self.load(url, name, path):
                         lacking.discard(name)
-                        loaded.append(f"{url}:{name}")
+                        done.append(f"{url}:{name}")
+                for name in plan.unload:
+                    if await self.unload(url, name):
+                        done.append(f"-{url}:{name}")
                 if slot := self.engines.slot(url):
                     slot.missing = lacking
-            return loaded
+            return done
 
     async def check(self, url: str, adapter: str) -> bool:
         """An engine (``url``: it, or the router) refused a request naming ``adapter``:

@@ -83,7 +83,9 @@ def build_gateway(settings: Settings) -> Gateway:
         api_key=settings.engine_api_key_value,
         router=settings.engine_router_url or None,
     )
-    adapter_sync = AdapterSync(engines, factory, settings.engine_sync_s)
+    adapter_sync = AdapterSync(
+        engines, factory, settings.engine_sync_s, settings.engine_router_worker_list
+    )
     sessions = SessionStore(factory, settings.session_idle_timeout_s)
     recorder = Recorder(
         factory,

@@ -30,6 +30,7 @@ import aiohttp
 from aiohttp.helpers import get_env_proxy_for_url
 from yarl import URL
 
+from core import engine_protocol as proto
 from core.errors import APIError
 
 # An engine that cannot be reached (refused, reset before answering, closed a kept-alive
@@ -54,11 +55,6 @@ def _timeout(seconds: float, connect: float | None = None) -> aiohttp.ClientTime
     return aiohttp.ClientTimeout(
         total=None, connect=seconds, sock_connect=connect or seconds, sock_read=seconds
     )
-
-
-def _encode(payload: dict[str, Any]) -> bytes:
-    # the bytes httpx's json= sent
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 def _env_proxy(url: str) -> tuple[URL | None, aiohttp.BasicAuth | None]:
@@ -90,6 +86,16 @@ async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
         yield b"".join(parts)
 
 
+async def _first_event(resp: aiohttp.ClientResponse) -> Any:
+    """The first chunk of a 200 event stream, or proto.DONE; an error event raises
+    proto.EngineRefused."""
+    async for line in _lines(resp.content):
+        event = proto.stream_event(line)
+        if event is not None:
+            return event
+    return proto.DONE
+
+
 @dataclass
 class EngineSlot:
     url: str
@@ -118,21 +124,13 @@ class AdapterNotLoaded(APIError):
 AdapterCheck = Callable[[str, str], Awaitable[bool]]
 
 
-def _engine_error(resp_status: int, body: bytes) -> APIError:
+def _engine_error(resp_status: int, message: str) -> APIError:
     if resp_status in (401, 403):  # not the client's fault: the gateway's engine key is wrong
         return APIError(
             503,
             f"the engine refused the gateway's credentials (HTTP {resp_status}); set "
             "RLGATE_ENGINE_API_KEY to the engine's --api-key",
         )
-    try:
-        data = json.loads(body)
-        message = (
-            data.get("error", {}).get("message") if isinstance(data.get("error"), dict) else None
-        )
-        message = message or data.get("message") or data.get("error") or data.get("detail")
-    except (ValueError, AttributeError):
-        message = body.decode(errors="replace")[:500]
     if 400 <= resp_status < 500:
         return APIError(400, f"the engine rejected the request: {message}")
     return APIError(503, f"the engine failed (HTTP {resp_status}): {message}")
@@ -244,33 +242,65 @@ class EngineClient:
             return False
         return await self.adapter_check(slot.url, adapter)
 
-    async def generate(self, payload: dict[str, Any], affinity: str) -> tuple[Any, str]:
-        """Non-streaming generate; returns (response JSON, engine url)."""
-        body = _encode(payload)
+    @asynccontextmanager
+    async def _exchange(
+        self, payload: dict[str, Any], affinity: str
+    ) -> AsyncIterator[tuple[EngineSlot, Any, aiohttp.ClientResponse]]:
+        """The failover loop of every ``/generate``, streamed or not: tries the candidates
+        in order until one answers 200 (for a stream: with a first event that is not an
+        error, since SGLang reports some refusals inside a 200 stream). Yields (engine,
+        the answer's JSON or the stream's first event, the response); an engine that
+        cannot be reached, or refuses because it lacks the adapter, passes the request
+        to the next one. The engine's in-flight count is held while the caller reads."""
+        body = proto.encode(payload)
         adapter = payload.get("lora_path")
+        stream = bool(payload.get("stream"))
         last: Exception | None = None
         for slot in self._candidates(affinity, adapter):
             async with self._slot(slot):
                 try:
-                    async with self.http.post(
-                        f"{slot.url}/generate",
+                    resp = await self.http.post(
+                        slot.url + proto.GENERATE,
                         data=body,
                         headers=self._headers,
                         **self._kw(slot.url),
-                    ) as resp:
-                        status, content = resp.status, await resp.read()
+                    )
                 except _UNREACHABLE as e:
                     last = e
                     continue
                 except TimeoutError:
                     raise APIError(504, "the engine did not answer in time") from None
-                if status != 200:
+                try:
+                    answer: Any = None
+                    try:
+                        if resp.status == 200:
+                            read = resp.read() if not stream else _first_event(resp)
+                            answer = await read
+                            status, message = 200, ""
+                        else:
+                            status, message = resp.status, proto.error_message(await resp.read())
+                    except proto.EngineRefused as e:  # an error event inside a 200 stream
+                        status, message = e.status, e.message
+                    except _UNREACHABLE as e:  # cut short before its answer was read
+                        last = e
+                        continue
+                    except TimeoutError:
+                        raise APIError(504, "the engine did not answer in time") from None
+                    if status == 200:
+                        yield slot, json.loads(answer) if not stream else answer, resp
+                        return
                     if await self._lacks_adapter(slot, status, adapter):
                         last = AdapterNotLoaded(adapter, self.adapter_errors.get(adapter, ""))
                         continue
-                    raise _engine_error(status, content)
-                return json.loads(content), slot.url
+                    raise _engine_error(status, message)
+                finally:
+                    resp.release()  # back to the pool (closed if not read to its end)
         raise _exhausted(last)
+
+    async def generate(self, payload: dict[str, Any], affinity: str) -> tuple[Any, str]:
+        """Non-streaming generate; returns (response JSON, engine url)."""
+        async with self._exchange({**payload, "stream": False}, affinity) as (slot, answer, _):
+            return answer, slot.url
 
     @asynccontextmanager
     async def stream(
@@ -282,63 +312,39 @@ class EngineClient:
         aborts the request; an explicit /abort_request is sent as well.
         """
         payload = {**payload, "stream": True}
-        body = _encode(payload)
-        adapter = payload.get("lora_path")
-        last: Exception | None = None
-        for slot in self._candidates(affinity, adapter):
-            async with self._slot(slot):
-                try:
-                    resp = await self.http.post(
-                        f"{slot.url}/generate",
-                        data=body,
-                        headers=self._headers,
-                        **self._kw(slot.url),
-                    )
-                except _UNREACHABLE as e:
-                    last = e
-                    continue
-                except TimeoutError:
-                    raise APIError(504, "the engine did not answer in time") from None
-                finished = False
-                try:
-                    if resp.status != 200:
-                        content = await resp.read()
-                        if await self._lacks_adapter(slot, resp.status, adapter):
-                            finished = True  # nothing to abort
-                            last = AdapterNotLoaded(adapter, self.adapter_errors.get(adapter, ""))
-                            continue
-                        raise _engine_error(resp.status, content)
+        async with self._exchange(payload, affinity) as (slot, first, resp):
+            finished = first is proto.DONE
 
-                    async def chunks(
-                        resp: aiohttp.ClientResponse = resp,
-                    ) -> AsyncIterator[dict[str, Any]]:
-                        nonlocal finished
-                        async for line in _lines(resp.content):
-                            if not line.startswith(b"data:"):
-                                continue
-                            data = line[5:].strip()
-                            if data == b"[DONE]":
-                                finished = True
-                                return
-                            yield json.loads(data)
+            async def chunks() -> AsyncIterator[dict[str, Any]]:
+                nonlocal finished
+                if finished:
+                    return
+                yield first
+                async for line in _lines(resp.content):
+                    try:
+                        event = proto.stream_event(line)
+                    except proto.EngineRefused as e:  # failed after it began
                         finished = True
+                        raise _engine_error(e.status, e.message) from None
+                    if event is proto.DONE:
+                        break
+                    if event is not None:
+                        yield event  # type: ignore[misc]
+                finished = True
 
-                    yield chunks(), slot.url
-                finally:
-                    if finished:
-                        resp.release()  # back to the pool if the body was read to its end
-                    else:
-                        resp.close()  # the connection is closed: the engine sees it
-                    if not finished and payload.get("rid"):
+            try:
+                yield chunks(), slot.url
+            finally:
+                if not finished:
+                    resp.close()  # the connection is closed: the engine sees it
+                    if payload.get("rid"):
                         await self.abort(slot.url, payload["rid"])
-                return
-        raise _exhausted(last)
 
     async def abort(self, url: str, rid: str) -> None:
         with contextlib.suppress(*_ANY):
             async with self.http.post(
-                f"{url}/abort_request",
-                data=_encode({"rid": rid}),
+                url + proto.ABORT,
+                data=proto.encode(proto.abort_body(rid)),
                 headers=self._headers,
                 timeout=_timeout(5.0),
                 **self._kw(url),
@@ -353,7 +359,7 @@ class EngineClient:
         async with self.http.request(
             method,
             url,
-            data=_encode(body) if body is not None else None,
+            data=proto.encode(body) if body is not None else None,
             headers=self._headers,
             timeout=_timeout(timeout),
             **self._kw(url),
@@ -369,7 +375,7 @@ class EngineClient:
         for slot in self.slots:
             try:
                 async with self.http.get(
-                    f"{slot.url}/health",
+                    slot.url + proto.HEALTH,
                     headers=self._headers,
                     timeout=_timeout(2.0),
                     **self._kw(slot.url),
@@ -384,7 +390,7 @@ class EngineClient:
         for slot in self.slots:
             try:
                 async with self.http.get(
-                    f"{slot.url}/get_server_info",
+                    slot.url + proto.SERVER_INFO,
                     headers=self._headers,
                     timeout=_timeout(5.0),
                     **self._kw(slot.url),

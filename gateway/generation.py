@@ -7,12 +7,12 @@ Token ids and logprobs are copied here as the engine returned them, never re-tok
 
 from __future__ import annotations
 
-import secrets
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from core import engine_protocol as proto
 from core.errors import APIError
 from gateway.auth import Principal
 from gateway.parsing import parse_output
@@ -54,79 +54,70 @@ class StreamEvent:
     finished: Completion | None = None
 
 
-def top_logprobs(meta: dict[str, Any], start: int = 0) -> list[list[tuple[int, float]]] | None:
-    tops = meta.get("output_top_logprobs")
-    if not tops:
-        return None
-    return [[(int(t[1]), float(t[0])) for t in (pos or [])] for pos in tops[start:]]
-
-
 def engine_payload(prep: Prepared, index: int, stream: bool) -> dict[str, Any]:
-    """SGLang's ``/generate`` body for choice ``index``: the prompt as ids, the adapter
-    named explicitly, logprobs always returned."""
+    """SGLang's ``/generate`` body for choice ``index`` (core/engine_protocol.py): the
+    prompt as ids, the adapter named explicitly, logprobs always returned; choice i of a
+    seeded call samples with seed + i."""
     s = prep.req.sampling
-    params: dict[str, Any] = {
-        "max_new_tokens": prep.max_tokens,
-        "temperature": s.temperature,
-        "top_p": s.top_p,
-        "top_k": s.top_k,
-        "skip_special_tokens": True,
-    }
-    if s.stop:
-        params["stop"] = s.stop
-    if s.seed is not None:
-        params["seed"] = s.seed + index
-    if s.json_schema is not None:
-        params["json_schema"] = s.json_schema
-    return {
-        "input_ids": prep.prompt_ids,
-        "sampling_params": params,
-        "return_logprob": True,
-        "top_logprobs_num": s.top_logprobs if s.logprobs else 0,
-        "stream": stream,
-        "rid": f"{prep.row_id(index)}-{secrets.token_hex(4)}",
-        "lora_path": prep.adapter,
-    }
+    sampling = proto.Sampling(
+        max_new_tokens=prep.max_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        stop=s.stop or None,
+        seed=s.seed + index if s.seed is not None else None,
+        json_schema=s.json_schema,
+    )
+    return proto.generate_body(
+        prep.prompt_ids,
+        sampling,
+        adapter=prep.adapter,
+        rid=proto.new_rid(prep.row_id(index)),
+        stream=stream,
+        top_logprobs=s.top_logprobs if s.logprobs else 0,
+    )
 
 
 def engine_completion(
-    prep: Prepared, index: int, out: dict[str, Any], parser: str | None, reasoning: bool
+    prep: Prepared,
+    index: int,
+    out: dict[str, Any] | proto.Output,
+    parser: str | None,
+    reasoning: bool,
 ) -> Completion:
     """The finished choice of an engine answer, its text parsed (reasoning, tool calls)."""
-    meta = out.get("meta_info", {})
-    ids = [int(i) for i in out.get("output_ids", [])]
-    lps = [float(t[0]) for t in meta.get("output_token_logprobs", [])]
-    if len(lps) != len(ids):
-        raise APIError(503, "the engine returned logprobs that do not match its tokens")
-    text = out.get("text", "")
-    content, thought, calls = parse_output(text, parser, reasoning)
-    fr = (meta.get("finish_reason") or {}).get("type", "stop")
+    try:
+        got = out if isinstance(out, proto.Output) else proto.read_output(out)
+    except proto.BadAnswer as e:
+        raise APIError(503, str(e)) from None
+    content, thought, calls = parse_output(got.text, parser, reasoning)
+    fr = got.finish_reason or "stop"
     if calls and fr == "stop":
         fr = "tool_calls"
     return Completion(
         index=index,
-        output_ids=ids,
-        logprobs=lps,
-        top_logprobs=top_logprobs(meta),
-        text=text,
+        output_ids=got.ids,
+        logprobs=got.logprobs,
+        top_logprobs=got.top,
+        text=got.text,
         content=content,
         reasoning=thought,
         tool_calls=calls,
         finish_reason=fr,
-        prompt_tokens=int(meta.get("prompt_tokens", len(prep.prompt_ids))),
-        cached_tokens=int(meta.get("cached_tokens", 0) or 0),
+        prompt_tokens=got.prompt_tokens if got.prompt_tokens is not None else len(prep.prompt_ids),
+        cached_tokens=got.cached_tokens,
     )
 
 
-def aborted_completion(prep: Prepared, index: int, state: dict[str, Any]) -> Completion:
+def aborted_completion(prep: Prepared, index: int, state: proto.StreamReader) -> Completion:
     """What a stream had generated for choice ``index`` when its client went away."""
     return Completion(
         index=index,
-        output_ids=state["ids"],
-        logprobs=state["lps"],
-        top_logprobs=state["top"] or None,
-        text=state["text"],
-        content=state["text"],
+        output_ids=list(state.ids),
+        logprobs=list(state.logprobs),
+        top_logprobs=list(state.top) or None,
+        text=state.text,
+        content=state.text,
         reasoning=None,
         tool_calls=[],
         finish_reason="abort",

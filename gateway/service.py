@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from core import engine_protocol as proto
 from core.errors import APIError
 from gateway.auth import Principal, require_model_key
 from gateway.engine_client import AdapterNotLoaded, EngineClient
@@ -25,7 +26,6 @@ from gateway.generation import (
     engine_completion,
     engine_payload,
     interaction_record,
-    top_logprobs,
 )
 from gateway.metrics import Metrics
 from gateway.parsing import TOOL_PARSERS, StreamingParser
@@ -234,53 +234,36 @@ class Pipeline:
         """
         n = prep.req.sampling.n
         queue: asyncio.Queue[StreamEvent | BaseException | None] = asyncio.Queue()
-        partial: dict[int, dict[str, Any]] = {}
+        partial: dict[int, proto.StreamReader] = {}
 
         async def one(index: int) -> None:
             name = self._parser_name(prep)
             parser = StreamingParser(TOOL_PARSERS[name]() if name else None, self.reasoning)
-            state = partial.setdefault(index, {"ids": [], "lps": [], "text": "", "top": []})
-            last: dict[str, Any] = {}
+            reader = proto.StreamReader()
+            partial[index] = reader
             async with self.engines.stream(
                 engine_payload(prep, index, True), prep.session.session_id
             ) as (chunks, url):
                 prep.engine_url = url
                 async for chunk in chunks:
-                    last = chunk
-                    ids = chunk.get("output_ids", [])
-                    meta = chunk.get("meta_info", {})
-                    start = len(state["ids"])
-                    new_ids = [int(i) for i in ids[start:]]
-                    lps = meta.get("output_token_logprobs", [])
-                    new_lps = [float(t[0]) for t in lps[start:]]
-                    new_top = top_logprobs(meta, start) or []
-                    text = chunk.get("text", "")
-                    delta = text[len(state["text"]) :] if text.startswith(state["text"]) else ""
-                    state.update(text=text)
-                    state["ids"].extend(new_ids)
-                    state["lps"].extend(new_lps)
-                    state["top"].extend(new_top)
-                    if prep.ttft_ms is None and new_ids:
+                    new = reader.feed(chunk)
+                    if prep.ttft_ms is None and new.ids:
                         prep.ttft_ms = (time.monotonic() - prep.started) * 1000
-                    d = parser.feed(delta)
-                    if d.content or d.reasoning or d.tool_calls or new_ids:
+                    d = parser.feed(new.text)
+                    if d.content or d.reasoning or d.tool_calls or new.ids:
                         await queue.put(
                             StreamEvent(
                                 index=index,
                                 content=d.content,
                                 reasoning=d.reasoning,
                                 tool_calls=d.tool_calls,
-                                new_ids=new_ids,
-                                new_logprobs=new_lps,
-                                new_top=new_top,
+                                new_ids=new.ids,
+                                new_logprobs=new.logprobs,
+                                new_top=new.top,
                             )
                         )
             tail = parser.feed("", final=True)
-            done = self._completion(
-                prep, index, {**last, "output_ids": state["ids"], "text": state["text"]}
-            )
-            done.logprobs = state["lps"]
-            done.top_logprobs = state["top"] or None
+            done = self._completion(prep, index, reader.output())
             await queue.put(
                 StreamEvent(
                     index=index,
@@ -312,7 +295,7 @@ class Pipeline:
                     remaining -= 1
                     continue
                 if isinstance(item, BaseException):
-                    if not any(partial[i]["ids"] for i in partial):
+                    if not any(partial[i].ids for i in partial):
                         partial.clear()  # nothing was generated: record nothing
                     raise item
                 if item.finished:
@@ -329,7 +312,7 @@ class Pipeline:
         prep: Prepared,
         tasks: list[asyncio.Task],
         finished: dict[int, Completion],
-        partial: dict[int, dict],
+        partial: dict[int, proto.StreamReader],
     ) -> None:
         n = prep.req.sampling.n
         for t in tasks:
@@ -339,9 +322,10 @@ class Pipeline:
             await self.leases.release(prep.adapter)
         self.metrics.in_flight.dec()
         if len(finished) < n and partial:  # the client went away: record what it got
-            empty = {"ids": [], "lps": [], "text": "", "top": []}
             aborted = [
-                finished[i] if i in finished else aborted_completion(prep, i, partial.get(i, empty))
+                finished[i]
+                if i in finished
+                else aborted_completion(prep, i, partial.get(i) or proto.StreamReader())
                 for i in range(n)
             ]
             await self.record(prep, aborted)

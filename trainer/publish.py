@@ -1,21 +1,27 @@
 """Publishing adapters: load into every engine, switch the serving pointer, unload the old.
 
 - ``load_everywhere``: ``POST /load_lora_adapter {lora_name, lora_path}`` on each engine
-  (``engines``: the engine list, or the workers an sglang-router lists); an engine that
-  already has that name counts as loaded, so a retried publish is idempotent; an engine
-  that cannot be connected to is skipped when another one loaded it (every gateway's
-  adapter sync, and the tick's ``ensure_serving_loaded``, load it when it is back).
+  (``engines``: the engine list, or the workers an sglang-router lists that the operator
+  named); an engine that already has that name counts as loaded, so a retried publish
+  is idempotent; an engine that cannot be connected to is skipped when another one
+  loaded it (every gateway's adapter sync, and the tick's ``sync_engines``, load it when
+  it is back).
+- ``serve_from``: the path engines load a version from, its *live* directory
+  (core/live_adapters.py), created here and only here; ``retire`` removes it, then
+  unloads the version everywhere, so no engine can re-load a retired version on demand
+  (SGLang does that for a request naming an unloaded adapter).
 - ``switch_serving``: one transaction: the project's ``serving`` version -> ``retired``,
   the new one -> ``serving``, plus an AuditEvent (``adapter.promote`` / ``adapter.rollback``).
-- ``unload_everywhere``: afterwards, ``POST /unload_lora_adapter`` for the old name (the
-  embedded engine waits for requests still using it); failures are logged, not fatal.
+- ``sync_engines`` (the tick): every engine holds the serving versions and none that is
+  retired or rejected (core/engine_protocol.py ``sync_plan``, as the gateway's sync).
 - Optional eval gate (``training.eval_gate``, schema in trainer/eval_gate.py): held-out
   prompts, greedy through the engine with the new and the serving adapter, scored by a
   registered verifier (by name); promote only if ``new >= serving - margin``. It fails
   closed: a gate that cannot score (unknown or failing verifier) rejects the candidate.
 
-Every engine call sends ``headers``; by default the settings' ``engine_headers``
-(``Authorization: Bearer <RLGATE_ENGINE_API_KEY>`` when the engines run with ``--api-key``).
+Every engine call goes through core/engine_http.py and sends ``headers``; by default the
+settings' ``engine_headers`` (``Authorization: Bearer <RLGATE_ENGINE_API_KEY>`` when the
+engines run with ``--api-key``).
 """
 
 from __future__ import annotations
@@ -27,9 +33,11 @@ import httpx
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from core import engine_protocol as proto
 from core.db import transaction
-from core.engines import RouterError, adapter_names, control_urls, load_result
+from core.engine_http import EngineHTTP, RouterError, control_urls
 from core.keys import audit
+from core.live_adapters import drop_live, make_live
 from core.settings import Settings
 from schemas.atdp import PolicyStatus, RunStatus
 from schemas.coltypes import utcnow
@@ -37,57 +45,55 @@ from schemas.tables import PolicyVersionRow, TrainingRunRow
 from trainer.eval_gate import EvalGate, GateConfigError, GateError, resolve, score_output
 
 log = logging.getLogger("rlgate.trainer")
-TIMEOUT_S = 660.0  # the embedded engine's unload waits up to 600 s for running requests
+TIMEOUT_S = 660.0  # an unload waits for the requests still using the adapter (600 s)
+OUT_OF_SERVICE = (PolicyStatus.retired, PolicyStatus.rejected)
 
 
 class PublishError(Exception):
     """An engine refused or could not be reached; the message says which and why."""
 
 
-def _client(timeout: float, headers: dict[str, str] | None) -> httpx.Client:
+def _engine(url: str, timeout: float, headers: dict[str, str] | None) -> EngineHTTP:
     """An engine client sending ``headers``, or the settings' engine key when None."""
     if headers is None:
         from core.settings import get_settings  # the trainer's one Settings object
 
         headers = get_settings().engine_headers
-    return httpx.Client(timeout=timeout, headers=headers)
+    return EngineHTTP(url, headers, timeout)
 
 
 def engines(settings: Settings) -> list[str]:
-    """Every engine to load adapters into (core/engines.py: the engine list, or the
-    workers behind the router); a router that cannot list them is a PublishError."""
+    """Every engine to load adapters into (core/engine_http.py: the engine list, or the
+    operator-named workers behind the router); a router that cannot list them is a
+    PublishError."""
     try:
         return control_urls(settings)
     except RouterError as e:
         raise PublishError(str(e)) from e
 
 
-def _engine_adapters(client: httpx.Client, url: str) -> set[str]:
-    r = client.get(f"{url}/v1/models")
-    r.raise_for_status()
-    return adapter_names(r.json())
+def serve_from(path: str) -> str:
+    """The path engines load the version stored at ``path`` from (created now)."""
+    return str(make_live(path))
 
 
 def load_everywhere(
     engine_urls: list[str], name: str, path: str, headers: dict[str, str] | None = None
 ) -> None:
-    """Load ``name`` into every engine. An engine that cannot be reached at all (dead or
-    restarting) is skipped once another engine has loaded the adapter: one dead engine
-    must not hold every publish back, and the worker tick's ``ensure_serving_loaded``
-    loads the serving adapter into it when it is back. An engine that answers and
-    refuses, or no engine loading it, is a PublishError."""
+    """Load ``name`` from ``path`` into every engine. An engine that cannot be reached at
+    all (dead or restarting) is skipped once another engine has loaded the adapter: one
+    dead engine must not hold every publish back, and the adapter syncs load it when it
+    is back. An engine that answers and refuses, or no engine loading it, is a
+    PublishError."""
     errors, unreachable, loaded = [], [], 0
-    with _client(TIMEOUT_S, headers) as client:
-        for url in engine_urls:
+    for url in engine_urls:
+        with _engine(url, TIMEOUT_S, headers) as engine:
             try:
-                r = client.post(
-                    f"{url}/load_lora_adapter", json={"lora_name": name, "lora_path": path}
-                )
-                ok, message = load_result(r.status_code, r.json() if r.content else {}, name)
+                ok, message = engine.load(name, path)
                 if ok:  # loaded now, or by an earlier attempt
                     loaded += 1
                     continue
-                errors.append(f"{url}: {message or r.text}")
+                errors.append(f"{url}: {message}")
             except httpx.ConnectError as e:
                 unreachable.append(f"{url}: {type(e).__name__}: {e}")
             except (httpx.HTTPError, ValueError) as e:
@@ -95,19 +101,21 @@ def load_everywhere(
     if errors or not loaded:
         raise PublishError(f"engine refused adapter {name}: " + "; ".join(errors + unreachable))
     for u in unreachable:
-        log.warning("adapter %s not loaded into an unreachable engine (the tick will): %s", name, u)
+        log.warning("adapter %s not loaded into an unreachable engine (the sync will): %s", name, u)
 
 
 def unload_everywhere(
     engine_urls: list[str], name: str, headers: dict[str, str] | None = None
 ) -> list[str]:
+    """Unload ``name`` from every engine (one that does not hold it counts as done);
+    returns the failures, which are logged."""
     errors = []
-    with _client(TIMEOUT_S, headers) as client:
-        for url in engine_urls:
+    for url in engine_urls:
+        with _engine(url, TIMEOUT_S, headers) as engine:
             try:
-                r = client.post(f"{url}/unload_lora_adapter", json={"lora_name": name})
-                if r.status_code != 200:
-                    errors.append(f"{url}: {r.text[:300]}")
+                ok, message = engine.unload(name)
+                if not ok:
+                    errors.append(f"{url}: {message[:300]}")
             except httpx.HTTPError as e:
                 errors.append(f"{url}: {e}")
     for e in errors:
@@ -115,30 +123,55 @@ def unload_everywhere(
     return errors
 
 
-def ensure_serving_loaded(
+def retire(
+    engine_urls: list[str], name: str, path: str, headers: dict[str, str] | None = None
+) -> list[str]:
+    """Take a version out of every engine for good: its live directory first (so no
+    engine can re-load it on demand), then the unloads."""
+    drop_live(path)
+    return unload_everywhere(engine_urls, name, headers)
+
+
+def _versions(factory: sessionmaker[Session]) -> tuple[dict[str, str], set[str]]:
+    """(serving name -> stored path, names out of service) across projects."""
+    with factory() as db:
+        rows = db.execute(
+            select(PolicyVersionRow.name, PolicyVersionRow.path, PolicyVersionRow.status)
+        )
+        serving, out = {}, set()
+        for name, path, status in rows:
+            if status == PolicyStatus.serving:
+                serving[name] = path
+            elif status in OUT_OF_SERVICE:
+                out.add(name)
+    return serving, out
+
+
+def sync_engines(
     factory: sessionmaker[Session], engine_urls: list[str], headers: dict[str, str] | None = None
 ) -> list[str]:
-    """Reload serving adapters an engine lost (e.g. after an engine restart)."""
-    with factory() as db:
-        rows = db.scalars(
-            select(PolicyVersionRow).where(PolicyVersionRow.status == PolicyStatus.serving)
-        )
-        serving = [(r.name, r.path) for r in rows]
-    reloaded = []
-    with _client(30, headers) as client:
-        for url in engine_urls:
+    """Bring every engine to the serving versions (an engine that restarted lacks them)
+    and unload retired or rejected ones it still holds; returns 'url:name' loaded or
+    '-url:name' unloaded. The serving versions' live directories are (re)created."""
+    serving, out = _versions(factory)
+    sources = {name: serve_from(path) for name, path in serving.items()}
+    done = []
+    for url in engine_urls:
+        with _engine(url, 30, headers) as engine:
             try:
-                present = _engine_adapters(client, url)
-            except (httpx.HTTPError, ValueError):
+                plan = proto.sync_plan(sources, engine.adapters(), out)
+            except (httpx.HTTPError, proto.EngineRefused, ValueError):
                 continue
-            for name, path in serving:
-                if name not in present:
-                    try:
-                        load_everywhere([url], name, path, headers)
-                        reloaded.append(f"{url}:{name}")
-                    except PublishError as e:
-                        log.warning("%s", e)
-    return reloaded
+        for name, src in plan.load:
+            try:
+                load_everywhere([url], name, src, headers)
+                done.append(f"{url}:{name}")
+            except PublishError as e:
+                log.warning("%s", e)
+        for name in plan.unload:
+            if not unload_everywhere([url], name, headers):
+                done.append(f"-{url}:{name}")
+    return done
 
 
 def switch_serving(
@@ -228,7 +261,7 @@ def eval_scores(
     # in one batch instead of one adapter after another
     jobs = [(a, i) for a in range(len(adapters)) for i in range(len(gate.prompts))]
     outputs: dict[tuple[int, int], dict[str, Any]] = {}
-    with _client(TIMEOUT_S, headers) as client:
+    with _engine(engine_url, TIMEOUT_S, headers) as engine:
         for kind in ("input_ids", "text"):
             idx = [
                 job
@@ -251,14 +284,14 @@ def eval_scores(
             }
             where = f"eval prompts {idx[0][1]}..{idx[-1][1]}"
             try:
-                r = client.post(f"{engine_url}/generate", json=body)
+                answer = engine.generate(body)
             except httpx.HTTPError as e:
                 raise PublishError(f"{where}: {engine_url}: {type(e).__name__}: {e}") from e
-            if 400 <= r.status_code < 500:
-                raise GateError(f"the engine refused {where}: {r.text[:300]}")
-            if r.status_code != 200:
-                raise PublishError(f"{where}: {engine_url}: {r.status_code} {r.text[:300]}")
-            outputs.update(zip(idx, r.json(), strict=True))
+            except proto.EngineRefused as e:
+                if 400 <= e.status < 500:
+                    raise GateError(f"the engine refused {where}: {e.message[:300]}") from e
+                raise PublishError(f"{where}: {engine_url}: {e}") from e
+            outputs.update(zip(idx, answer, strict=True))
     results = []
     for a, adapter in enumerate(adapters):
         total, abstained = 0.0, 0

@@ -80,7 +80,7 @@ def publish_version(
     urls: list[str] = []
     try:
         urls = publish.engines(settings)
-        publish.load_everywhere(urls, name, path, settings.engine_headers)
+        publish.load_everywhere(urls, name, publish.serve_from(path), settings.engine_headers)
         ok, metrics = publish.eval_gate(
             urls[0],
             name,
@@ -94,7 +94,7 @@ def publish_version(
                 db.get(PolicyVersionRow, version_id).eval_metrics = metrics  # type: ignore[union-attr]
         if not ok:
             _reject(factory, version_id, project_id, name, run_id, actor, metrics)
-            publish.unload_everywhere(urls, name, settings.engine_headers)
+            publish.retire(urls, name, path, settings.engine_headers)
             return False
         previous = publish.switch_serving(
             factory,
@@ -112,8 +112,28 @@ def publish_version(
         return False
     log.info("project %s: %s is serving (was %s)", project_id, name, previous)
     if previous and previous != name:
-        publish.unload_everywhere(urls, previous, settings.engine_headers)
+        _retire(factory, settings, urls, project_id, previous)
     return True
+
+
+def _retire(
+    factory: sessionmaker[Session],
+    settings: Settings,
+    urls: list[str],
+    project_id: str,
+    name: str,
+) -> None:
+    """The version ``name`` was replaced: out of every engine for good (publish.retire)."""
+    with factory() as db:
+        path = db.scalars(
+            select(PolicyVersionRow.path).where(
+                PolicyVersionRow.project_id == project_id, PolicyVersionRow.name == name
+            )
+        ).first()
+    if path is not None:
+        publish.retire(urls, name, path, settings.engine_headers)
+    else:
+        publish.unload_everywhere(urls, name, settings.engine_headers)
 
 
 def _reject(
@@ -207,12 +227,12 @@ def serve_version(
     if status == PolicyStatus.serving:
         return {"name": name, "previous": None, "changed": False}
     urls = publish.engines(settings)
-    publish.load_everywhere(urls, name, path, settings.engine_headers)
+    publish.load_everywhere(urls, name, publish.serve_from(path), settings.engine_headers)
     previous = publish.switch_serving(
         factory, project_id, vid, actor=actor, action=action, details=details
     )
     if previous and previous != name:
-        publish.unload_everywhere(urls, previous, settings.engine_headers)
+        _retire(factory, settings, urls, project_id, previous)
     return {"name": name, "previous": previous, "changed": True}
 
 

@@ -61,13 +61,13 @@ def retry_publish() -> list[str]:
 @app.task(name="rlgate.tick")
 def tick() -> dict[str, Any]:
     from core.settings import get_settings
-    from trainer.publish import PublishError, engines, ensure_serving_loaded
+    from trainer.publish import PublishError, engines, sync_engines
 
     settings = get_settings()
     factory = serving.db_factory(settings)
     published = serving.retry_publish(settings, factory)
     try:
-        reloaded = ensure_serving_loaded(factory, engines(settings))
+        reloaded = sync_engines(factory, engines(settings))
     except PublishError as e:  # the router cannot list its workers: the next tick retries
         log.warning("%s", e)
         reloaded = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from core.engine_http import EngineHTTP
 from trainer import publish
 
 
@@ -22,10 +23,10 @@ def _fake(monkeypatch: pytest.MonkeyPatch, dead: set[str], refusing: set[str]) -
             return httpx.Response(400, json={"success": False, "error_message": "bad path"})
         return httpx.Response(200, json={"success": True})
 
-    def client(timeout: float, headers: dict[str, str] | None) -> httpx.Client:
-        return httpx.Client(transport=httpx.MockTransport(handler), timeout=timeout)
+    def engine(url: str, timeout: float, headers: dict[str, str] | None) -> EngineHTTP:
+        return EngineHTTP(url, {}, timeout, transport=httpx.MockTransport(handler))
 
-    monkeypatch.setattr(publish, "_client", client)
+    monkeypatch.setattr(publish, "_engine", engine)
     return calls
 
 

@@ -1,0 +1,111 @@
+"""The engines over HTTP, synchronously (httpx): what the trainer says to them (publish,
+rollback, unload, the tick's sync, the eval gate) and where they are.
+
+The bodies and readings are ``core/engine_protocol.py``'s; the gateway speaks the same
+protocol over aiohttp (``gateway/engine_client.py``). Two shapes of deployment
+(docs/scaling.md):
+- a list of engine URLs (``RLGATE_ENGINE_URLS``): every engine is loaded directly;
+- one sglang-router (``RLGATE_ENGINE_ROUTER_URL``): adapters are loaded into each worker
+  it lists that the operator named (``RLGATE_ENGINE_ROUTER_WORKERS``); a listed worker
+  the operator did not name gets neither the engine key nor an adapter path, and is
+  logged (``core/engine_workers.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+
+from core import engine_protocol as proto
+from core.engine_workers import allowed_workers
+from core.settings import Settings
+
+log = logging.getLogger("rlgate.engines")
+
+
+class RouterError(Exception):
+    """The router could not be asked for its workers; the message says why."""
+
+
+class EngineHTTP:
+    """One engine at ``url``; every call sends ``headers`` (the engine key)."""
+
+    def __init__(
+        self,
+        url: str,
+        headers: dict[str, str],
+        timeout: float = 660.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.client = httpx.Client(timeout=timeout, headers=headers, transport=transport)
+
+    def __enter__(self) -> EngineHTTP:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
+
+    def _json(self, r: httpx.Response) -> Any:
+        try:
+            return r.json() if r.content else None
+        except ValueError:
+            return None
+
+    def get(self, path: str) -> Any:
+        """The JSON of ``GET path``; :class:`proto.EngineRefused` unless 200."""
+        r = self.client.get(self.url + path)
+        if r.status_code != 200:
+            raise proto.EngineRefused(r.status_code, proto.error_message(r.content))
+        return self._json(r)
+
+    def generate(self, body: dict[str, Any]) -> Any:
+        """A non-streaming ``/generate``; :class:`proto.EngineRefused` unless 200."""
+        r = self.client.post(self.url + proto.GENERATE, json=body)
+        if r.status_code != 200:
+            raise proto.EngineRefused(r.status_code, proto.error_message(r.content))
+        return r.json()
+
+    def adapters(self) -> dict[str, str]:
+        return proto.loaded_adapters(self.get(proto.MODELS))
+
+    def load(self, name: str, path: str) -> tuple[bool, str]:
+        r = self.client.post(self.url + proto.LOAD, json=proto.load_body(name, path))
+        return proto.load_result(r.status_code, self._json(r), name)
+
+    def unload(self, name: str) -> tuple[bool, str]:
+        r = self.client.post(self.url + proto.UNLOAD, json=proto.unload_body(name))
+        return proto.unload_result(r.status_code, self._json(r), name)
+
+    def weight_version(self) -> str | None:
+        return proto.weight_version(self.get(proto.MODEL_INFO))
+
+
+def router_workers(router_url: str, headers: dict[str, str], timeout: float = 10.0) -> list[str]:
+    """Every worker an sglang-router lists; :class:`RouterError` if it cannot say."""
+    errors = []
+    with httpx.Client(timeout=timeout, headers=headers) as client:
+        for path in proto.WORKER_LISTINGS:
+            try:
+                r = client.get(router_url.rstrip("/") + path)
+            except httpx.HTTPError as e:
+                raise RouterError(f"router {router_url}: {type(e).__name__}: {e}") from e
+            try:
+                urls = proto.worker_urls(r.json()) if r.status_code == 200 and r.content else None
+            except ValueError:
+                urls = None
+            if urls is not None:
+                return urls
+            errors.append(f"GET {path}: HTTP {r.status_code}")
+    raise RouterError(f"router {router_url} lists no workers ({'; '.join(errors)})")
+
+
+def control_urls(settings: Settings) -> list[str]:
+    """Every engine to load adapters into: the router's workers that the operator named,
+    or the engine list."""
+    if not settings.engine_router_url:
+        return settings.engine_url_list
+    listed = router_workers(settings.engine_router_url, settings.engine_headers)
+    return allowed_workers(listed, settings.engine_router_worker_list, log)

@@ -1,0 +1,368 @@
+"""SGLang's native HTTP protocol as rlgate speaks it, without I/O: the bodies rlgate
+sends and the readings of what an engine answers.
+
+The one place that knows SGLang's wire format, for the gateway (``gateway/engine_client.py``
+over aiohttp, its hot path) and the trainer (``core/engine_http.py`` over httpx: publish,
+rollback, the eval gate, the tick). It lives in core because the trainer never imports
+the gateway. The embedded engine (``engine/``) implements the subset this module uses;
+``tests/engine/test_engine_contract.py`` checks it on both engines (docs/engine.md).
+
+Facts of SGLang 0.5.23 that shaped it (checked in its source and by the contract suite):
+- ``sampling_params`` is checked against a schema: an unknown key (``seed``) is a 400;
+  the seed is ``sampling_seed``, used only with ``--enable-deterministic-inference``;
+- a request naming an adapter that was unloaded is served after SGLang re-loads it from
+  the path it was loaded from (``TokenizerManager._resolve_lora_path``); only a name never
+  loaded, or one whose path is gone, is refused; rlgate therefore loads every adapter
+  from a path that it removes before unloading (``core/live_adapters.py``);
+- an error found after a stream started (an adapter it cannot resolve) is a 200 whose
+  one event is ``{"error": {"message", "code"}}``, then ``[DONE]``;
+- the weight version is in ``GET /get_model_info`` and each answer's ``meta_info``;
+  there is no ``/get_weight_version``.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+# The SGLang release the contract suite runs against (tests/sglang_cpu/requirements.txt).
+SGLANG_VERSION = "0.5.23"
+
+# The router's worker listings, newest first (SGLang Model Gateway: GET /workers ->
+# {"workers": [{"url"}, ...]}; older routers: GET /list_workers -> {"urls": [...]}).
+WORKER_LISTINGS = ("/workers", "/list_workers")
+GENERATE = "/generate"
+ABORT = "/abort_request"
+LOAD = "/load_lora_adapter"
+UNLOAD = "/unload_lora_adapter"
+MODELS = "/v1/models"
+MODEL_INFO = "/get_model_info"
+SERVER_INFO = "/get_server_info"
+HEALTH = "/health"
+
+
+class EngineRefused(Exception):
+    """The engine answered with an error: ``status`` (an HTTP code; for an error inside a
+    200 stream, the code the event carries) and its message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class BadAnswer(Exception):
+    """The engine answered something this protocol cannot read."""
+
+
+# ---- requests --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling parameters rlgate sends (SGLang's ``sampling_params`` names)."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: list[str] | None = None
+    seed: int | None = None
+    json_schema: str | None = None
+    skip_special_tokens: bool = True
+
+    def params(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "skip_special_tokens": self.skip_special_tokens,
+        }
+        if self.stop:
+            out["stop"] = list(self.stop)
+        if self.seed is not None:
+            # SGLang's name; `seed` is an unknown field there (400). The embedded engine
+            # takes both; SGLang honours it only with --enable-deterministic-inference.
+            out["sampling_seed"] = self.seed
+        if self.json_schema is not None:
+            out["json_schema"] = self.json_schema
+        return out
+
+
+def new_rid(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(4)}"
+
+
+def generate_body(
+    input_ids: list[int] | list[list[int]],
+    sampling: Sampling | list[Sampling],
+    *,
+    adapter: str | None | list[str | None] = None,
+    rid: str | list[str] | None = None,
+    stream: bool = False,
+    top_logprobs: int = 0,
+    return_logprob: bool = True,
+) -> dict[str, Any]:
+    """A ``/generate`` body: the prompt as ids (one, or a batch with a list of
+    ``sampling``/``adapter`` per prompt), the adapter named explicitly (SGLang uses the
+    base model for a missing ``lora_path``), logprobs returned."""
+    params = [s.params() for s in sampling] if isinstance(sampling, list) else sampling.params()
+    body: dict[str, Any] = {
+        "input_ids": input_ids,
+        "sampling_params": params,
+        "return_logprob": return_logprob,
+        "top_logprobs_num": top_logprobs,
+        "stream": stream,
+        "lora_path": adapter,
+    }
+    if rid is not None:
+        body["rid"] = rid
+    return body
+
+
+def load_body(name: str, path: str) -> dict[str, Any]:
+    return {"lora_name": name, "lora_path": path}
+
+
+def unload_body(name: str) -> dict[str, Any]:
+    return {"lora_name": name}
+
+
+def abort_body(rid: str) -> dict[str, Any]:
+    return {"rid": rid}
+
+
+def encode(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+# ---- answers ---------------------------------------------------------------------------
+
+
+def error_message(body: bytes | Any) -> str:
+    """The message of an engine's error answer, in any of its shapes: SGLang's
+    ``{"error": {"message"}}`` (the embedded engine's too), its schema check's
+    ``{"error": "..."}``, FastAPI's ``{"detail"}``, or plain text."""
+    data = body
+    if isinstance(body, bytes | bytearray):
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return bytes(body).decode(errors="replace")[:500]
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict):
+            return str(err.get("message") or err)
+        return str(err or data.get("message") or data.get("error_message") or data.get("detail"))
+    return str(data)[:500]
+
+
+@dataclass
+class Output:
+    """One finished (or, mid-stream, partial) sequence of a ``/generate`` answer."""
+
+    ids: list[int]
+    logprobs: list[float]
+    top: list[list[tuple[int, float]]] | None
+    text: str
+    finish_reason: str | None  # stop | length | abort; None while a stream runs
+    prompt_tokens: int | None
+    cached_tokens: int
+    weight_version: str | None
+    rid: str | None
+
+
+def top_logprobs(meta: dict[str, Any], start: int = 0) -> list[list[tuple[int, float]]] | None:
+    """``meta_info.output_top_logprobs`` from position ``start``: per position, the
+    (token id, logprob) alternatives; None when the engine returned none."""
+    tops = meta.get("output_top_logprobs")
+    if not tops:
+        return None
+    return [[(int(t[1]), float(t[0])) for t in (pos or [])] for pos in tops[start:]]
+
+
+def read_output(out: Any) -> Output:
+    """One item of a ``/generate`` answer; :class:`BadAnswer` when its logprobs do not
+    match its tokens (rlgate records both, token-exactly)."""
+    if not isinstance(out, dict):
+        raise BadAnswer(f"a /generate answer item is {type(out).__name__}, not an object")
+    meta = out.get("meta_info") or {}
+    ids = [int(i) for i in out.get("output_ids") or []]
+    lps = [float(t[0]) for t in meta.get("output_token_logprobs") or []]
+    if len(lps) != len(ids):
+        raise BadAnswer("the engine returned logprobs that do not match its tokens")
+    reason = meta.get("finish_reason")
+    reason = reason.get("type") if isinstance(reason, dict) else reason
+    prompt = meta.get("prompt_tokens")
+    return Output(
+        ids=ids,
+        logprobs=lps,
+        top=top_logprobs(meta),
+        text=str(out.get("text") or ""),
+        finish_reason=reason,
+        prompt_tokens=int(prompt) if prompt is not None else None,
+        cached_tokens=int(meta.get("cached_tokens") or 0),
+        weight_version=meta.get("weight_version"),
+        rid=meta.get("id"),
+    )
+
+
+def read_outputs(answer: Any) -> list[Output]:
+    """Every item of a ``/generate`` answer (an object for one prompt, else a list)."""
+    return [read_output(o) for o in (answer if isinstance(answer, list) else [answer])]
+
+
+DONE = object()  # the end of a stream
+
+
+def stream_event(line: bytes) -> dict[str, Any] | object | None:
+    """One line of a ``/generate`` event stream: the chunk (a dict), :data:`DONE`, or None
+    for a line that carries none. An error event raises :class:`EngineRefused` with the
+    code it carries (SGLang reports an error found after the stream started this way)."""
+    if not line.startswith(b"data:"):
+        return None
+    data = line[5:].strip()
+    if data == b"[DONE]":
+        return DONE
+    chunk = json.loads(data)
+    if isinstance(chunk, dict) and "error" in chunk and "output_ids" not in chunk:
+        err = chunk["error"]
+        code = err.get("code") if isinstance(err, dict) else None
+        raise EngineRefused(int(code) if isinstance(code, int) else 400, error_message(chunk))
+    return chunk
+
+
+@dataclass
+class Delta:
+    """What one stream chunk added to its sequence."""
+
+    ids: list[int]
+    logprobs: list[float]
+    top: list[list[tuple[int, float]]]
+    text: str
+
+
+@dataclass
+class StreamReader:
+    """Folds the cumulative chunks of one streamed sequence (SGLang's default: every chunk
+    carries the text, ids and logprobs so far) into deltas, and the final output."""
+
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+    text: str = ""
+    last: dict[str, Any] = field(default_factory=dict)
+
+    def feed(self, chunk: dict[str, Any]) -> Delta:
+        self.last = chunk
+        meta = chunk.get("meta_info") or {}
+        start = len(self.ids)
+        new_ids = [int(i) for i in (chunk.get("output_ids") or [])[start:]]
+        new_lps = [float(t[0]) for t in (meta.get("output_token_logprobs") or [])[start:]]
+        new_top = top_logprobs(meta, start) or []
+        text = str(chunk.get("text") or "")
+        delta = text[len(self.text) :] if text.startswith(self.text) else ""
+        self.text = text
+        self.ids.extend(new_ids)
+        self.logprobs.extend(new_lps)
+        self.top.extend(new_top)
+        return Delta(new_ids, new_lps, new_top, delta)
+
+    def output(self) -> Output:
+        """The sequence as streamed: the final chunk's meta with every id and logprob."""
+        done = read_output({**self.last, "output_ids": [], "meta_info": {}})
+        meta = self.last.get("meta_info") or {}
+        reason = meta.get("finish_reason")
+        done.finish_reason = reason.get("type") if isinstance(reason, dict) else reason
+        prompt = meta.get("prompt_tokens")
+        done.prompt_tokens = int(prompt) if prompt is not None else None
+        done.cached_tokens = int(meta.get("cached_tokens") or 0)
+        done.weight_version = meta.get("weight_version")
+        done.rid = meta.get("id")
+        done.ids, done.logprobs, done.text = list(self.ids), list(self.logprobs), self.text
+        done.top = list(self.top) or None
+        return done
+
+
+# ---- adapters and engines ---------------------------------------------------------------
+
+
+def loaded_adapters(models: Any) -> dict[str, str]:
+    """The LoRA adapters an engine's ``GET /v1/models`` lists, name -> path: the entries
+    with a ``parent`` (the base model has none) and the path as ``root``, as SGLang and
+    the embedded engine answer."""
+    data = models.get("data") if isinstance(models, dict) else None
+    return {
+        m["id"]: str(m.get("root") or "")
+        for m in data or []
+        if isinstance(m, dict) and m.get("parent") and isinstance(m.get("id"), str)
+    }
+
+
+def load_result(status: int, body: Any, name: str) -> tuple[bool, str]:
+    """(loaded?, the engine's message) of a ``/load_lora_adapter`` answer: loaded when it
+    succeeded, or when the engine already holds ``name`` (a retried or concurrent load)."""
+    body = body if isinstance(body, dict) else {}
+    message = str(body.get("error_message") or body.get("error") or "")
+    if status == 200 and body.get("success", True):
+        return True, message
+    return name in (body.get("loaded_adapters") or {}) or "already loaded" in message, message
+
+
+def unload_result(status: int, body: Any, name: str) -> tuple[bool, str]:
+    """(gone?, message) of an ``/unload_lora_adapter`` answer: gone when it succeeded, or
+    when the engine does not hold ``name`` (SGLang: "does not exist"; embedded: "not
+    loaded"), so unloading is idempotent."""
+    body = body if isinstance(body, dict) else {}
+    message = str(body.get("error_message") or body.get("error") or "")
+    if status == 200 and body.get("success", True):
+        return True, message
+    absent = "does not exist" in message or "not loaded" in message
+    return absent and name not in (body.get("loaded_adapters") or {}), message
+
+
+def weight_version(model_info: Any) -> str | None:
+    """The weight version an engine reports in ``GET /get_model_info``."""
+    value = model_info.get("weight_version") if isinstance(model_info, dict) else None
+    return str(value) if value is not None else None
+
+
+def engine_version(server_info: Any) -> str | None:
+    """The engine's release from ``GET /get_server_info`` (SGLang: its version, e.g.
+    ``0.5.23``; the embedded engine: ``rlgate-embedded``)."""
+    value = server_info.get("version") if isinstance(server_info, dict) else None
+    return str(value) if value is not None else None
+
+
+def worker_urls(body: Any) -> list[str] | None:
+    """The worker URLs of a router's listing (either shape), or None if it is neither."""
+    if not isinstance(body, dict):
+        return None
+    if isinstance(body.get("workers"), list):
+        urls = [w.get("url") for w in body["workers"] if isinstance(w, dict)]
+    elif isinstance(body.get("urls"), list):
+        urls = list(body["urls"])
+    else:
+        return None
+    return [u.rstrip("/") for u in urls if isinstance(u, str) and u]
+
+
+@dataclass(frozen=True)
+class SyncPlan:
+    """What brings one engine to the serving adapters: ``load`` (name, path) pairs it
+    lacks, and ``unload``: names it holds that must not serve (retired or rejected
+    versions; an adapter rlgate does not manage is left alone)."""
+
+    load: list[tuple[str, str]]
+    unload: list[str]
+
+
+def sync_plan(serving: dict[str, str], loaded: dict[str, str], retired: set[str]) -> SyncPlan:
+    """``serving``: name -> the path to load it from; ``loaded``: what the engine holds;
+    ``retired``: names of versions out of service."""
+    load = [(n, p) for n, p in sorted(serving.items()) if n not in loaded]
+    unload = sorted(n for n in loaded if n in retired and n not in serving)
+    return SyncPlan(load, unload)
