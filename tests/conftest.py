@@ -18,6 +18,29 @@ from psycopg import sql
 PG_BASE = os.environ.get("RLGATE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432")
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    from core.engine_protocol import SGLANG_VERSION
+
+    where = os.environ.get("RLGATE_TEST_SGLANG_PYTHON") or "scripts/sglang_cpu_venv"
+    return f"real-SGLang tier: sglang {SGLANG_VERSION} ({where})"
+
+
+@pytest.fixture(scope="session")
+def sglang(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """One real SGLang server for the whole session (tests/sglang.py): the engine
+    contract and the end-to-end tests share it; it fails, never skips, if SGLang cannot
+    start. Its version must be the one rlgate's contract names."""
+    from core.engine_protocol import SGLANG_VERSION
+    from tests.sglang import sglang_server
+
+    log = tmp_path_factory.mktemp("sglang") / "sglang.log"
+    with sglang_server(log) as server:
+        assert server.version == SGLANG_VERSION, (
+            f"the SGLang under test is {server.version}; the contract is {SGLANG_VERSION}"
+        )
+        yield server
+
+
 @pytest.fixture(autouse=True)
 def _isolated_settings(tmp_path, monkeypatch) -> Iterator[None]:
     """Each test gets its own data dir and no stray RLGATE_* settings."""

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import httpx
 import pytest
 import torch
 
+from core.engine_protocol import SGLANG_VERSION
 from engine.model_files import PACKAGED_MODEL, resolve_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,6 +90,31 @@ def engine_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+@dataclass(frozen=True)
+class Target:
+    """An engine under the contract: ``kind`` (embedded | sglang), where, its key, and the
+    release it reports in /get_server_info."""
+
+    kind: str
+    url: str
+    api_key: str | None
+    version: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+@pytest.fixture(scope="session", params=["embedded", f"sglang-{SGLANG_VERSION}"])
+def target(request: pytest.FixtureRequest) -> Target:
+    """Each engine of the contract: the embedded engine, then real SGLang (the session's
+    one server, tests/conftest.py ``sglang``; the id names its version)."""
+    if request.param == "embedded":
+        return Target("embedded", request.getfixturevalue("engine_url"), None, "rlgate-embedded")
+    server = request.getfixturevalue("sglang")
+    return Target("sglang", server.url, server.api_key, server.version)
 
 
 @pytest.fixture(scope="session")
