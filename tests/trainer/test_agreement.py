@@ -1,6 +1,7 @@
-"""Engine/trainer agreement, measured: for one adapter and recorded samples, the
-embedded engine's recorded logprobs and the trainer's recomputed ones agree within 1e-3
-per token (both float32 on CPU, the real packaged model). The PPO loss's behaviour
+"""Engine/trainer agreement, measured, on both engines: for one adapter and recorded
+samples, the engine's recorded logprobs (the embedded engine's, and real SGLang's: the
+session's server, tests/conftest.py ``sglang``) and the trainer's recomputed ones agree
+within 1e-3 per token (float32 on CPU, the real packaged model). The PPO loss's behaviour
 weight pi_prox / mu is exactly this comparison: if they disagreed, IcePop would mask
 on-policy tokens (``masked_mismatch_frac``) and the off-policy correction would be noise.
 """
@@ -14,6 +15,7 @@ import httpx
 import pytest
 import torch
 
+from core.engine_protocol import SGLANG_VERSION
 from engine.model_files import PACKAGED_MODEL, resolve_model_dir
 from tests.servers import MODEL_CACHE, engine_cmd, free_port, running
 from tests.trainer.helpers import render
@@ -24,16 +26,26 @@ from trainer.policy import Policy, make_micro_batches
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-@pytest.fixture(scope="module")
-def engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@pytest.fixture(scope="module", params=["embedded", f"sglang-{SGLANG_VERSION}"])
+def engine(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, dict[str, str]]]:
+    """(url, headers) of the engine under test."""
+    if request.param != "embedded":
+        server = request.getfixturevalue("sglang")
+        yield server.url, server.headers
+        return
     port = free_port()
     log = tmp_path_factory.mktemp("engine") / "engine.log"
     cmd = engine_cmd(port, "--max-lora-rank", "8", "--context-length", "512")
     with running(cmd, {}, log, port) as p:
-        yield p.url
+        yield p.url, {}
 
 
-def test_engine_and_trainer_logprobs_agree(engine_url: str, tmp_path: Path) -> None:
+def test_engine_and_trainer_logprobs_agree(
+    engine: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    engine_url, headers = engine
     cfg = TrainConfig(lora_rank=4, lora_alpha=8.0)
     policy = Policy.load(resolve_model_dir(PACKAGED_MODEL, MODEL_CACHE), cfg)
     with torch.no_grad():  # a non-zero adapter, so its delta is part of both sides
@@ -41,10 +53,12 @@ def test_engine_and_trainer_logprobs_agree(engine_url: str, tmp_path: Path) -> N
         for p in policy.params:
             p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
     adapter = tmp_path / "agree-adapter"
+    name = f"agree-{tmp_path.name}"
     policy.save(adapter, policy.make_optimizer(cfg, None), {"name": "agree"})
     r = httpx.post(
         f"{engine_url}/load_lora_adapter",
-        json={"lora_name": "agree", "lora_path": str(adapter)},
+        json={"lora_name": name, "lora_path": str(adapter)},
+        headers=headers,
         timeout=120,
     )
     assert r.status_code == 200, r.text
@@ -58,15 +72,16 @@ def test_engine_and_trainer_logprobs_agree(engine_url: str, tmp_path: Path) -> N
             f"{engine_url}/generate",
             json={
                 "input_ids": ids,
-                "lora_path": "agree",
+                "lora_path": name,
                 "return_logprob": True,
                 "sampling_params": {
                     "temperature": temperature,
                     "max_new_tokens": 12,
                     "n": 2,
-                    "seed": 11 + k,
+                    "sampling_seed": 11 + k,
                 },
             },
+            headers=headers,
             timeout=120,
         )
         assert r.status_code == 200, r.text
@@ -90,3 +105,6 @@ def test_engine_and_trainer_logprobs_agree(engine_url: str, tmp_path: Path) -> N
     )
     assert moved > 1e-2, "the adapter should change the logprobs"
     print(f"max |engine - trainer| logprob: {worst:.2e}; adapter moved them by {moved:.2e}")
+    httpx.post(
+        f"{engine_url}/unload_lora_adapter", json={"lora_name": name}, headers=headers, timeout=60
+    )
