@@ -214,11 +214,20 @@ def gateway(host: str | None, port: int | None) -> None:
 )
 @click.option("--no-trainer", is_flag=True, help="Do not start the training worker.")
 @click.option(
+    "--engine",
+    "engine_kind",
+    type=click.Choice(["embedded", "sglang"]),
+    default=None,
+    help="The engine to start: the embedded CPU engine, or real SGLang started with "
+    "RLGATE_SGLANG_COMMAND and RLGATE_SGLANG_ARGS (default RLGATE_ENGINE: embedded; "
+    "docs/engine.md has the GPU and CPU recipes).",
+)
+@click.option(
     "--engines",
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
-    help="Embedded engines, on consecutive ports from --engine-port.",
+    help="Engines, on consecutive ports from --engine-port.",
 )
 @click.option(
     "--gateways",
@@ -239,11 +248,12 @@ def up(
     port: int | None,
     engine_port: int | None,
     no_trainer: bool,
+    engine_kind: str | None,
     engines: int,
     gateways: int,
     workers: int,
 ) -> None:
-    """Run the embedded default: SQLite, embedded engine, gateway, trainer. Ctrl-C stops.
+    """Run the embedded default: SQLite, an engine, gateway, trainer. Ctrl-C stops.
 
     Several gateways or workers need RLGATE_DATABASE_URL (PostgreSQL) and
     RLGATE_BROKER_URL (Redis or RabbitMQ): SQLite and the embedded broker serve one
@@ -252,6 +262,8 @@ def up(
     from rlgate.up import Shape, run_up
 
     settings = load_settings()
+    if engine_kind:
+        settings = settings.model_copy(update={"engine": engine_kind})
     run_up(
         settings,
         port or settings.gateway_port,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -43,11 +44,14 @@ class Child:
     log: Path
 
 
-def _start(name: str, args: list[str], logs: Path, env: dict[str, str]) -> Child:
+def _start(
+    name: str, args: list[str], logs: Path, env: dict[str, str], command: list[str] | None = None
+) -> Child:
+    """Start ``python args`` (or ``command`` as it is) as a child with its own log."""
     log = logs / f"{name}.log"
     fh = open(log, "ab")  # noqa: SIM115 - owned by the child's lifetime
     proc = subprocess.Popen(
-        [sys.executable, *args],
+        command or [sys.executable, *args],
         stdout=fh,
         stderr=subprocess.STDOUT,
         env=env,
@@ -257,6 +261,32 @@ def _default_cap(settings: Settings) -> dict[str, str]:
     return {"RLGATE_DEFAULT_MAX_TOKENS": str(PACKAGED_MAX_TOKENS)}
 
 
+# what rlgate needs of SGLang (docs/engine.md): LoRA on every projection the trainer
+# adapts, ranks up to the trainer's largest, and the engine key
+SGLANG_LORA_FLAGS = (
+    "--enable-lora",
+    "--max-lora-rank",
+    "64",
+    "--lora-target-modules",
+    "all",
+)
+
+
+def sglang_command(settings: Settings, port: int, key: str) -> list[str]:
+    """How ``rlgate up --engine sglang`` starts SGLang: the operator's command
+    (RLGATE_SGLANG_COMMAND) on the policy's HF directory, with the flags rlgate needs,
+    then the operator's extra flags (RLGATE_SGLANG_ARGS, e.g. the CPU recipe)."""
+    from engine.model_files import resolve_model_dir
+
+    model = resolve_model_dir(settings.model_path, settings.data_dir)
+    cmd = shlex.split(settings.sglang_command)
+    if not cmd:
+        raise click.ClickException("RLGATE_SGLANG_COMMAND is empty; set how to start SGLang")
+    cmd += ["--model-path", str(model), "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--api-key", key, *SGLANG_LORA_FLAGS, *shlex.split(settings.sglang_args)]
+    return cmd
+
+
 def launch(
     settings: Settings,
     port: int,
@@ -288,21 +318,25 @@ def launch(
         **(extra_env or {}),
     }
     engine_threads, trainer_threads = split_cores(os.cpu_count() or 1, trainer, shape.engines)
-    if "--num-threads" not in engine_args:
+    sglang = settings.engine == "sglang"
+    if "--num-threads" not in engine_args and not sglang:
         engine_args = (*engine_args, "--num-threads", str(engine_threads))
-    if "--allowed-lora-dir" not in engine_args:
+    if "--allowed-lora-dir" not in engine_args and not sglang:
         adapters = str(settings.effective_adapter_dir.resolve())
         engine_args = (*engine_args, "--allowed-lora-dir", adapters)
     children: list[Child] = []
     try:
         click.echo(
-            "starting the engine (the first start converts the packaged model, about a minute) ...",
+            f"starting the engine ({'SGLang' if sglang else 'embedded'}; the first start "
+            "converts the packaged model, about a minute) ...",
             err=True,
         )
         for i, (p, url) in enumerate(zip(engine_ports, engine_urls, strict=True)):
             args = ["-m", "engine", "--port", str(p), *engine_args]
-            children.append(_start(_name("engine", i, shape.engines), args, logs, env))
-            _wait_healthy(children[-1], url, 600)  # one at a time: the first converts
+            command = sglang_command(settings, p, env["RLGATE_ENGINE_API_KEY"]) if sglang else None
+            name = _name("engine", i, shape.engines)
+            children.append(_start(name, args, logs, env, command))
+            _wait_healthy(children[-1], url, 900)  # one at a time: the first converts
         click.echo("starting the gateway ...", err=True)
         started = []
         for i, p in enumerate(ports):

@@ -32,6 +32,7 @@ import pytest
 from sqlalchemy import select
 
 from core.db import transaction
+from core.live_adapters import make_live
 from core.settings import Settings
 from gateway.engine_client import EngineClient
 from schemas.tables import InteractionRow, PolicyVersionRow
@@ -58,7 +59,20 @@ def _unload(url: str) -> None:
     assert r.status_code == 200, r.text
 
 
+def _lose(url: str, adapter: Path, tmp: Path) -> None:
+    """The engine lost the adapter and cannot re-load it on demand (as after a restart):
+    it is loaded once more from a copy, unloaded, and the copy removed, so the path the
+    engine remembers for it is gone (an engine re-loads an unloaded adapter from there)."""
+    scratch = tmp / f"lost-{url.rsplit(':', 1)[1]}"
+    shutil.copytree(adapter, scratch)
+    httpx.post(f"{url}/unload_lora_adapter", json={"lora_name": NAME}, timeout=120)
+    _load(url, scratch)
+    _unload(url)
+    shutil.rmtree(scratch)
+
+
 def _serve(factory: Any, path: Path) -> None:
+    make_live(path)  # what the trainer's publish creates: the path engines load it from
     with transaction(factory) as db:
         db.add(
             PolicyVersionRow(
@@ -155,7 +169,11 @@ def test_engine_without_the_adapter_is_caught_up(sqlite_url, tmp_path, model_dir
             _wait(lambda: _router_up(router_url), 60, "the router lists both workers")
             from trainer import publish
 
-            settings = Settings(engine_router_url=router_url, engine_urls="http://unused:1")
+            settings = Settings(
+                engine_router_url=router_url,
+                engine_router_workers=f"{a.url},{b.url}",
+                engine_urls="http://unused:1",
+            )
             assert sorted(publish.engines(settings)) == sorted([a.url, b.url])
             publish.load_everywhere(publish.engines(settings), NAME, str(adapter), {})
             assert NAME in engine_adapters(b.url)  # the publish reached the worker through the list
@@ -166,6 +184,7 @@ def test_engine_without_the_adapter_is_caught_up(sqlite_url, tmp_path, model_dir
                     sqlite_url,
                     "http://unused:1",
                     engine_router_url=router_url,
+                    engine_router_workers=f"{a.url},{b.url}",
                     engine_sync_s="3600",
                 ) as gw,
                 httpx.Client(timeout=120) as c,
@@ -173,8 +192,8 @@ def test_engine_without_the_adapter_is_caught_up(sqlite_url, tmp_path, model_dir
                 _wait(lambda: NAME in engine_adapters(b.url), 30, "the gateway's first round")
                 # both workers lose it (the router picks one we cannot choose): the first
                 # refused request loads it into both, then goes through the router again
-                _unload(a.url)
-                _unload(b.url)
+                _lose(a.url, adapter, tmp_path)
+                _lose(b.url, adapter, tmp_path)
                 turns = []
                 for i in range(CALLS):
                     r = _chat(c, gw.url, key, f"Count to {i}.", f"routed-{i}")
