@@ -4,7 +4,14 @@
 # SmolLM2-135M's architecture; tokens/s of a trainer step and a forward. Exits 1 on FAIL.
 #
 #   scripts/device_check.sh [--cpu-only] [--tiny] [--json FILE]   run the check
+#   scripts/device_check.sh --sglang                               real SGLang on the GPU
 #   scripts/device_check.sh --fetch-wheels                         (once, with network)
+#
+# --sglang (scripts/device_check_sglang.py) starts the GPU machine's SGLang
+# (RLGATE_DEVICE_SGLANG_PYTHON, else python3) with LoRA and --api-key on a random-weight
+# model of the packaged model's architecture and tokenizer (.device-tokenizer/), and runs
+# the engine contract's SGLang half against it, in under 10 minutes. Carry .device-wheels
+# and .device-tokenizer. Not yet run on a GPU (none was lent when it was written).
 #
 # Without a GPU (or with --cpu-only) it compares CPU bfloat16 with CPU float32 through the
 # same code. Python: .venv/bin/python when present, else python3. The trainer's modules
@@ -22,6 +29,11 @@ if [ "${1:-}" = --fetch-wheels ]; then
   pins=$(.venv/bin/python - <<'EOF'
 from importlib.metadata import version
 names = ["pydantic", "pydantic_core", "annotated_types", "typing_inspection", "SQLAlchemy"]
+# the engine contract's own (scripts/device_check.sh --sglang)
+names += ["pydantic-settings", "python-dotenv", "pytest", "pytest-timeout", "pluggy",
+          "iniconfig", "httpx", "httpcore", "h11", "anyio", "sniffio", "certifi", "idna",
+          "aiohttp", "aiohappyeyeballs", "aiosignal", "attrs", "frozenlist", "multidict",
+          "propcache", "yarl", "psycopg", "click"]
 print(" ".join(f"{n}=={version(n)}" for n in names))
 EOF
 )
@@ -31,7 +43,17 @@ EOF
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d "$WHEELS" $pins
   grep -qxF "/$WHEELS/" .git/info/exclude 2>/dev/null || echo "/$WHEELS/" >> .git/info/exclude
-  ls -1 "$WHEELS"
+  # the packaged model's tokenizer (a few MB) for --sglang's random-weight model
+  model=$(.venv/bin/python -c "from engine.model_files import PACKAGED_MODEL, resolve_model_dir; \
+from tests.servers import MODEL_CACHE; print(resolve_model_dir(PACKAGED_MODEL, MODEL_CACHE))")
+  rm -rf .device-tokenizer && mkdir -p .device-tokenizer
+  for f in tokenizer.json tokenizer_config.json special_tokens_map.json generation_config.json \
+    vocab.json merges.txt chat_template.jinja; do
+    [ -f "$model/$f" ] && cp "$model/$f" .device-tokenizer/
+  done
+  grep -qxF "/.device-tokenizer/" .git/info/exclude 2>/dev/null ||
+    echo "/.device-tokenizer/" >> .git/info/exclude
+  ls -1 "$WHEELS" .device-tokenizer
   exit 0
 fi
 
@@ -49,4 +71,7 @@ if ! "$PY" -c "import sqlalchemy, pydantic" 2>/dev/null; then
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+if [ "${1:-}" = --sglang ]; then
+  exec "$PY" scripts/device_check_sglang.py
+fi
 exec "$PY" scripts/device_check.py "$@"

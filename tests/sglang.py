@@ -104,9 +104,12 @@ def sglang_python() -> str:
 
 
 def model_dir() -> Path:
+    """The packaged model's HF directory (RLGATE_TEST_SGLANG_MODEL: another one, as the
+    GPU check's random-weight model)."""
     from engine.model_files import PACKAGED_MODEL, resolve_model_dir
 
-    return resolve_model_dir(PACKAGED_MODEL, MODEL_CACHE)
+    named = os.environ.get("RLGATE_TEST_SGLANG_MODEL")
+    return Path(named) if named else resolve_model_dir(PACKAGED_MODEL, MODEL_CACHE)
 
 
 @contextmanager

@@ -38,7 +38,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
-    return resolve_model_dir(PACKAGED_MODEL, CACHE_DIR)
+    named = os.environ.get("RLGATE_TEST_SGLANG_MODEL")  # the GPU check's model
+    return Path(named) if named else resolve_model_dir(PACKAGED_MODEL, CACHE_DIR)
 
 
 @pytest.fixture(scope="session")
