@@ -157,3 +157,41 @@ def test_up_shape_needs_a_shared_database_and_broker_for_several_processes():
     assert split_cores(8, trainer=True, engines=2) == (2, 4)
     assert split_cores(8, trainer=False, engines=3) == (2, 8)
     assert split_cores(1, trainer=True, engines=2) == (1, 1)
+
+
+def test_up_engine_sglang_starts_the_operators_command_with_rlgates_flags(tmp_path):
+    """`rlgate up --engine sglang`: RLGATE_SGLANG_COMMAND on the policy's HF directory,
+    the LoRA flags and the engine key rlgate needs, then the operator's own flags (last,
+    so they win); the embedded engine's own flags are not passed."""
+    import shlex
+
+    from core.settings import Settings
+    from rlgate.up import sglang_command
+
+    model = tmp_path / "hf-model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"")
+    settings = Settings(
+        data_dir=tmp_path,
+        engine="sglang",
+        model_path=str(model),
+        sglang_command="env OMP_NUM_THREADS=1 /opt/sglang/bin/python -m sglang.launch_server",
+        sglang_args="--device cpu --max-loras-per-batch 2",
+    )
+    cmd = sglang_command(settings, 31234, "k3y")
+    assert cmd[:5] == shlex.split(settings.sglang_command)[:5]
+    flags = " ".join(cmd)
+    assert f"--model-path {model} --host 127.0.0.1 --port 31234 --api-key k3y" in flags
+    assert "--enable-lora --max-lora-rank 64 --lora-target-modules all" in flags
+    assert cmd[-4:] == ["--device", "cpu", "--max-loras-per-batch", "2"]
+    assert "--allowed-lora-dir" not in cmd and "--num-threads" not in cmd
+
+
+def test_up_engine_flag_is_in_the_help():
+    from click.testing import CliRunner
+
+    from rlgate.cli import main
+
+    out = CliRunner().invoke(main, ["up", "--help"]).output
+    assert "--engine [embedded|sglang]" in out and "RLGATE_SGLANG_COMMAND" in out
