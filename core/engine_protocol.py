@@ -184,6 +184,19 @@ def top_logprobs(meta: dict[str, Any], start: int = 0) -> list[list[tuple[int, f
     return [[(int(t[1]), float(t[0])) for t in (pos or [])] for pos in tops[start:]]
 
 
+def _finished(meta: dict[str, Any]) -> dict[str, Any]:
+    """The per-sequence facts of a ``meta_info`` (Output's fields besides the tokens)."""
+    reason = meta.get("finish_reason")
+    prompt = meta.get("prompt_tokens")
+    return {
+        "finish_reason": reason.get("type") if isinstance(reason, dict) else reason,
+        "prompt_tokens": int(prompt) if prompt is not None else None,
+        "cached_tokens": int(meta.get("cached_tokens") or 0),
+        "weight_version": meta.get("weight_version"),
+        "rid": meta.get("id"),
+    }
+
+
 def read_output(out: Any) -> Output:
     """One item of a ``/generate`` answer; :class:`BadAnswer` when its logprobs do not
     match its tokens (rlgate records both, token-exactly)."""
@@ -194,20 +207,8 @@ def read_output(out: Any) -> Output:
     lps = [float(t[0]) for t in meta.get("output_token_logprobs") or []]
     if len(lps) != len(ids):
         raise BadAnswer("the engine returned logprobs that do not match its tokens")
-    reason = meta.get("finish_reason")
-    reason = reason.get("type") if isinstance(reason, dict) else reason
-    prompt = meta.get("prompt_tokens")
-    return Output(
-        ids=ids,
-        logprobs=lps,
-        top=top_logprobs(meta),
-        text=str(out.get("text") or ""),
-        finish_reason=reason,
-        prompt_tokens=int(prompt) if prompt is not None else None,
-        cached_tokens=int(meta.get("cached_tokens") or 0),
-        weight_version=meta.get("weight_version"),
-        rid=meta.get("id"),
-    )
+    text = str(out.get("text") or "")
+    return Output(ids=ids, logprobs=lps, top=top_logprobs(meta), text=text, **_finished(meta))
 
 
 def read_outputs(answer: Any) -> list[Output]:
@@ -272,19 +273,16 @@ class StreamReader:
         return Delta(new_ids, new_lps, new_top, delta)
 
     def output(self) -> Output:
-        """The sequence as streamed: the final chunk's meta with every id and logprob."""
-        done = read_output({**self.last, "output_ids": [], "meta_info": {}})
-        meta = self.last.get("meta_info") or {}
-        reason = meta.get("finish_reason")
-        done.finish_reason = reason.get("type") if isinstance(reason, dict) else reason
-        prompt = meta.get("prompt_tokens")
-        done.prompt_tokens = int(prompt) if prompt is not None else None
-        done.cached_tokens = int(meta.get("cached_tokens") or 0)
-        done.weight_version = meta.get("weight_version")
-        done.rid = meta.get("id")
-        done.ids, done.logprobs, done.text = list(self.ids), list(self.logprobs), self.text
-        done.top = list(self.top) or None
-        return done
+        """The sequence as streamed: every id and logprob, the final chunk's meta."""
+        if len(self.logprobs) != len(self.ids):
+            raise BadAnswer("the engine streamed logprobs that do not match its tokens")
+        return Output(
+            ids=list(self.ids),
+            logprobs=list(self.logprobs),
+            top=list(self.top) or None,
+            text=self.text,
+            **_finished(self.last.get("meta_info") or {}),
+        )
 
 
 # ---- adapters and engines ---------------------------------------------------------------
