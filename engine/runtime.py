@@ -128,7 +128,7 @@ class Engine:
                 continue
             if name not in self.known:
                 raise AdapterError(
-                    f"Got LoRA adapter that has never been loaded: {name}; "
+                    f"unknown LoRA adapter {name!r}: it has never been loaded; "
                     f"loaded adapters: {sorted(self.registry.names())}"
                 )
             self.registry.wait_unloaded(name, timeout)

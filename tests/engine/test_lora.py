@@ -50,8 +50,12 @@ def test_adapter_matches_peft_and_unload_restores_base(  # type: ignore[no-untyp
     assert r.status_code == 200 and r.json()["success"] is True
     assert "solo" not in r.json()["loaded_adapters"]
     assert generate(client, **_greedy(ids))["output_ids"] == base
-    r = client.post("/generate", json=_greedy(ids, lora="solo"))
-    assert r.status_code == 400 and "solo" in r.json()["error"]["message"]
+    # as SGLang: a request naming it loads it again from its path (the fence that stops
+    # this is the trainer's live directory: test_engine_contract.py)
+    assert generate(client, **_greedy(ids, lora="solo"))["output_ids"] == with_adapter
+    assert client.post("/unload_lora_adapter", json={"lora_name": "solo"}).status_code == 200
+    r = client.post("/generate", json=_greedy(ids, lora="never-loaded"))
+    assert r.status_code == 400 and "never-loaded" in r.json()["error"]["message"]
 
 
 def test_mixed_adapters_in_one_batch(generate, client, loaded_adapters, chat_ids) -> None:  # type: ignore[no-untyped-def]

@@ -1,6 +1,8 @@
 """A new adapter is published and the old one unloaded while a gateway still has the old
 name cached: the request is retried once on the new version instead of failing the
-agent's call (the engine answers 400 for an adapter it no longer has). Real engine."""
+agent's call. The engine loads each version from its live directory, which the trainer's
+publish removes before unloading it (core/live_adapters.py), so the engine cannot re-load
+the old version on demand and answers 400 for it. Real engine."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import torch
 
 from core.db import transaction
 from core.keys import create_key, ensure_project
+from core.live_adapters import drop_live, make_live
 from core.migrate import upgrade
 from schemas.coltypes import utcnow
 from schemas.tables import PolicyVersionRow
@@ -42,7 +45,7 @@ def test_request_meets_an_unloaded_adapter_and_retries_on_the_new_one(
     r = httpx.post(
         engine.url + "/load_lora_adapter",
         timeout=60,
-        json={"lora_name": names[0], "lora_path": str(tmp_path / names[0])},
+        json={"lora_name": names[0], "lora_path": str(make_live(tmp_path / names[0]))},
     )
     assert r.status_code == 200, r.text
     with transaction(factory) as db:
@@ -69,16 +72,17 @@ def test_request_meets_an_unloaded_adapter_and_retries_on_the_new_one(
             model="rlgate-policy", messages=MSG, max_tokens=3, temperature=0
         )
         assert raw.headers["x-rlgate-policy-version"] == names[0]
-        # the trainer's publish: load v2, make it serving, unload v1
+        # the trainer's publish: load v2, make it serving, retire v1 (its live dir, unload)
         r = httpx.post(
             engine.url + "/load_lora_adapter",
             timeout=60,
-            json={"lora_name": names[1], "lora_path": str(tmp_path / names[1])},
+            json={"lora_name": names[1], "lora_path": str(make_live(tmp_path / names[1]))},
         )
         assert r.status_code == 200, r.text
         with transaction(factory) as db:
             db.get(PolicyVersionRow, f"pv-{names[0]}").status = "retired"
             db.get(PolicyVersionRow, f"pv-{names[1]}").status = "serving"
+        drop_live(tmp_path / names[0])
         r = httpx.post(
             engine.url + "/unload_lora_adapter", timeout=60, json={"lora_name": names[0]}
         )
