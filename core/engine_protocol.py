@@ -197,16 +197,19 @@ def _finished(meta: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def read_output(out: Any) -> Output:
+def read_output(out: Any, strict: bool = True) -> Output:
     """One item of a ``/generate`` answer; :class:`BadAnswer` when its logprobs do not
-    match its tokens (rlgate records both, token-exactly)."""
+    match its tokens (rlgate records both, token-exactly). ``strict=False`` (a reader that
+    does not record them, the eval gate) takes zeros for logprobs that are missing."""
     if not isinstance(out, dict):
         raise BadAnswer(f"a /generate answer item is {type(out).__name__}, not an object")
     meta = out.get("meta_info") or {}
     ids = [int(i) for i in out.get("output_ids") or []]
     lps = [float(t[0]) for t in meta.get("output_token_logprobs") or []]
     if len(lps) != len(ids):
-        raise BadAnswer("the engine returned logprobs that do not match its tokens")
+        if strict:
+            raise BadAnswer("the engine returned logprobs that do not match its tokens")
+        lps = [0.0] * len(ids)
     text = str(out.get("text") or "")
     return Output(ids=ids, logprobs=lps, top=top_logprobs(meta), text=text, **_finished(meta))
 

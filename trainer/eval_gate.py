@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from core import engine_protocol as proto
 from trainer import verifier_specs
 from trainer.verifier_specs import SESSION_VERIFIERS, VerifierSpecError
 
@@ -204,9 +205,10 @@ def score_output(
     from trainer.verifiers import VerifierContext
 
     now = utcnow()
-    meta = generated.get("meta_info") or {}
-    reason = meta.get("finish_reason")
-    reason = reason.get("type") if isinstance(reason, dict) else reason
+    try:
+        got = proto.read_output(generated, strict=False)
+    except proto.BadAnswer as e:
+        raise GateError(f"eval prompt {index}: {e}") from e
     sid = f"eval-gate-{index}"
     metadata: dict[str, Any] = {} if item.expected is None else {"expected": item.expected}
     session = SessionRecord(
@@ -218,10 +220,6 @@ def score_output(
         last_activity_at=now,
         metadata=metadata,
     )
-    completion = [int(t) for t in generated.get("output_ids") or []]
-    logprobs = [float(e[0]) for e in meta.get("output_token_logprobs") or []]
-    if len(logprobs) != len(completion):  # an engine that did not return them
-        logprobs = [0.0] * len(completion)
     answer = Interaction(
         id=f"{sid}-{adapter or 'base'}",
         project_id="eval-gate",
@@ -229,17 +227,14 @@ def score_output(
         seq=0,
         request={"eval_gate_prompt": index},
         prompt_token_ids=list(item.input_ids or []),
-        completion_token_ids=completion,
-        completion_logprobs=logprobs,
+        completion_token_ids=got.ids,
+        completion_logprobs=got.logprobs,
         temperature=0.0,
         top_p=1.0,
         policy_version=adapter or "base",
-        finish_reason=str(reason or "stop"),
-        output=ParsedOutput(text=str(generated.get("text") or "")),
-        usage=Usage(
-            prompt_tokens=int(meta.get("prompt_tokens") or 0),
-            completion_tokens=len(completion),
-        ),
+        finish_reason=str(got.finish_reason or "stop"),
+        output=ParsedOutput(text=got.text),
+        usage=Usage(prompt_tokens=got.prompt_tokens or 0, completion_tokens=len(got.ids)),
         created_at=now,
     )
     ctx = VerifierContext(session, [answer], dict(params))
