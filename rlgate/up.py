@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import shlex
 import signal
 import subprocess
 import sys
@@ -35,6 +34,7 @@ import click
 import httpx
 
 from core.settings import Settings
+from rlgate.up_sglang import sglang_command
 
 
 @dataclass
@@ -259,32 +259,6 @@ def _default_cap(settings: Settings) -> dict[str, str]:
     if settings.default_max_tokens is not None or not settings.uses_packaged_model:
         return {}
     return {"RLGATE_DEFAULT_MAX_TOKENS": str(PACKAGED_MAX_TOKENS)}
-
-
-# what rlgate needs of SGLang (docs/engine.md): LoRA on every projection the trainer
-# adapts, ranks up to the trainer's largest, and the engine key
-SGLANG_LORA_FLAGS = (
-    "--enable-lora",
-    "--max-lora-rank",
-    "64",
-    "--lora-target-modules",
-    "all",
-)
-
-
-def sglang_command(settings: Settings, port: int, key: str) -> list[str]:
-    """How ``rlgate up --engine sglang`` starts SGLang: the operator's command
-    (RLGATE_SGLANG_COMMAND) on the policy's HF directory, with the flags rlgate needs,
-    then the operator's extra flags (RLGATE_SGLANG_ARGS, e.g. the CPU recipe)."""
-    from engine.model_files import resolve_model_dir
-
-    model = resolve_model_dir(settings.model_path, settings.data_dir)
-    cmd = shlex.split(settings.sglang_command)
-    if not cmd:
-        raise click.ClickException("RLGATE_SGLANG_COMMAND is empty; set how to start SGLang")
-    cmd += ["--model-path", str(model), "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--api-key", key, *SGLANG_LORA_FLAGS, *shlex.split(settings.sglang_args)]
-    return cmd
 
 
 def launch(

@@ -166,7 +166,7 @@ def test_up_engine_sglang_starts_the_operators_command_with_rlgates_flags(tmp_pa
     import shlex
 
     from core.settings import Settings
-    from rlgate.up import sglang_command
+    from rlgate.up_sglang import sglang_command
 
     model = tmp_path / "hf-model"
     model.mkdir()
