@@ -73,8 +73,12 @@ def engines(settings: Settings) -> list[str]:
 
 
 def serve_from(path: str) -> str:
-    """The path engines load the version stored at ``path`` from (created now)."""
-    return str(make_live(path))
+    """The path engines load the version stored at ``path`` from (created now); a
+    version whose files are gone is a PublishError."""
+    try:
+        return str(make_live(path))
+    except OSError as e:
+        raise PublishError(f"the adapter files of {path} cannot be served: {e}") from e
 
 
 def load_everywhere(
@@ -154,7 +158,12 @@ def sync_engines(
     and unload retired or rejected ones it still holds; returns 'url:name' loaded or
     '-url:name' unloaded. The serving versions' live directories are (re)created."""
     serving, out = _versions(factory)
-    sources = {name: serve_from(path) for name, path in serving.items()}
+    sources = {}
+    for name, path in serving.items():
+        try:
+            sources[name] = serve_from(path)
+        except PublishError as e:  # its files are gone: nothing to load it from
+            log.warning("serving version %s: %s", name, e)
     done = []
     for url in engine_urls:
         with _engine(url, 30, headers) as engine:

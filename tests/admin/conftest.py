@@ -122,7 +122,7 @@ class Dash:
     session_id: str
 
 
-def seed(factory: Any) -> dict[str, str]:
+def seed(factory: Any, adapters: Path) -> dict[str, str]:
     now = utcnow()
     out: dict[str, str] = {}
     with transaction(factory) as db:
@@ -131,8 +131,13 @@ def seed(factory: Any) -> dict[str, str]:
         db.flush()
         _, out["admin"] = create_key(db, "p1", "admin", name="dashboard test")
         _, out["agent"] = create_key(db, "p1", "agent", name="agent test")
-        # adapters: v1 retired, v2 serving, v3 candidate
+        # adapters: v1 retired, v2 serving, v3 candidate (files on disk: a promote makes
+        # their live directory, core/live_adapters.py)
         for v, status in ((1, "retired"), (2, "serving"), (3, "candidate")):
+            stored = adapters / "p1" / f"p1-policy-v{v}"
+            stored.mkdir(parents=True, exist_ok=True)
+            (stored / "adapter_config.json").write_text("{}")
+            (stored / "adapter_model.safetensors").write_bytes(b"")
             db.add(
                 PolicyVersionRow(
                     id=f"pv_{v}",
@@ -141,7 +146,7 @@ def seed(factory: Any) -> dict[str, str]:
                     version=v,
                     parent_name=f"p1-policy-v{v - 1}" if v > 1 else None,
                     base_model="SmolLM2-135M-Instruct",
-                    path=f"/tmp/adapters/p1-policy-v{v}",
+                    path=str(stored),
                     lora_config={"r": 8, "alpha": 16},
                     created_by_run_id=f"run_{v}",
                     status=status,
@@ -315,7 +320,7 @@ def dash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dash]:
     upgrade(db_url)
     engine = make_engine(db_url)
     factory = session_factory(engine)
-    keys = seed(factory)
+    keys = seed(factory, data_dir / "adapters")
     stub, server = _stub_engine()
     try:
         with gateway(data_dir, db_url, stub.url, admin_key=BOOTSTRAP_KEY) as gw:

@@ -8,6 +8,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
+from core.live_adapters import live_path
 from schemas.tables import ApiKeyRow, AuditEventRow, PolicyVersionRow, ProjectRow, TrainingRunRow
 from tests.admin.conftest import BIG_SESSIONS, Dash, login, shot
 from trainer.config import TrainConfig
@@ -41,6 +42,12 @@ FORM_POSTS = [
     "/admin/keys/key_x/revoke",
     "/admin/logout",
 ]
+
+
+def _stored(dash: Dash, name: str) -> str:
+    """Where the version ``name`` is stored (its ``path``)."""
+    with dash.factory() as db:
+        return db.scalars(select(PolicyVersionRow.path).where(PolicyVersionRow.name == name)).one()
 
 
 def _statuses(dash: Dash) -> dict[str, str]:
@@ -237,7 +244,7 @@ def test_promote_and_roll_back(page, dash: Dash) -> None:
     }
     assert (
         "/load_lora_adapter",
-        {"lora_name": "p1-policy-v3", "lora_path": "/tmp/adapters/p1-policy-v3"},
+        {"lora_name": "p1-policy-v3", "lora_path": str(live_path(_stored(dash, "p1-policy-v3")))},
     ) in dash.engine.calls
     assert "serving" in page.inner_text("#adapter-p1-policy-v3 .status")
     shot(page, "adapters")
