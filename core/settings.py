@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -58,7 +58,7 @@ class Settings(BaseSettings):
         description="The router's workers rlgate may load adapters into (and send the "
         "engine key): comma-separated URLs or fnmatch patterns, e.g. http://10.0.0.*:30000. "
         "A worker the router lists that is on neither gets no key and no adapter, and is "
-        "logged; empty: none.",
+        "logged. Required with RLGATE_ENGINE_ROUTER_URL.",
     )
     engine: str = Field(
         "embedded",
@@ -264,6 +264,18 @@ class Settings(BaseSettings):
     def _patterns(cls, v: list[str]) -> list[str]:
         compile_patterns(v)  # RedactionConfigError (a ValueError) names the bad pattern
         return v
+
+    @model_validator(mode="after")
+    def _router_workers(self) -> Settings:
+        # a router without the operator's worker list would reach no worker at all: say so
+        # at start, not as a 503 per request
+        if self.engine_router_url and not self.engine_router_workers.strip():
+            raise ValueError(
+                "RLGATE_ENGINE_ROUTER_URL needs RLGATE_ENGINE_ROUTER_WORKERS: the router's "
+                "workers rlgate may load adapters into and send the engine key (URLs or "
+                "patterns such as http://10.0.0.*:30000; docs/scaling.md)"
+            )
+        return self
 
     @field_validator("log_level")
     @classmethod

@@ -114,11 +114,18 @@ def test_publish_reaches_only_the_named_workers(servers, allowed, caplog) -> Non
 
 
 def test_no_list_means_no_router_worker(servers, caplog) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+    from pydantic import ValidationError
+
     from trainer import publish
 
     router, ours, theirs = servers
+    # a router without the operator's list is refused when the settings load, in one line
+    with pytest.raises(ValidationError, match="needs RLGATE_ENGINE_ROUTER_WORKERS"):
+        _settings(router, "")
+    # a list that names neither worker reaches neither, and says so
     with caplog.at_level(logging.WARNING):
-        assert publish.engines(_settings(router, "")) == []
+        assert publish.engines(_settings(router, "http://10.9.9.9:1")) == []
     assert ours.url in caplog.text and theirs.url in caplog.text
     assert ours.seen == [] and theirs.seen == []
 
