@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy import select
 
 from core.db import make_engine, session_factory
+from core.live_adapters import LIVE, live_path
 from core.migrate import upgrade
 from schemas.tables import InteractionRow, PolicyVersionRow, TrainingRunRow
 from tests.trainer.helpers import greedy, make_project, record, set_training
@@ -44,9 +45,12 @@ def _versions(factory, pid: str) -> list[PolicyVersionRow]:  # type: ignore[no-u
         return list(db.scalars(q))
 
 
-def _adapter_dirs(data_dir: Path, pid: str) -> list[Path]:
-    root = data_dir / "adapters" / pid
-    return sorted(p for p in root.iterdir() if not p.name.startswith(".")) if root.exists() else []
+def _adapter_dirs(data_dir: Path, pid: str, sub: str = "") -> list[Path]:
+    """A project's stored versions (``sub=""``) or its live directories (``sub=LIVE``)."""
+    root = data_dir / "adapters" / pid / sub
+    if not root.exists():
+        return []
+    return sorted(p for p in root.iterdir() if not p.name.startswith(".") and p.name != LIVE)
 
 
 def test_worker_sigkill_mid_run_publishes_nothing_and_next_run_reuses_samples(
@@ -86,6 +90,7 @@ def test_worker_sigkill_mid_run_publishes_nothing_and_next_run_reuses_samples(
     # nothing published, nothing half-written, nothing consumed; serving is untouched
     assert _versions(factory, pid) == []
     assert _adapter_dirs(data_dir, pid) == []
+    assert _adapter_dirs(data_dir, pid, LIVE) == []
     with factory() as db:
         assert db.get(TrainingRunRow, run1).status == "running"  # until someone takes over
         assert all(db.get(InteractionRow, i).consumed_by_run_id is None for i in samples)
@@ -110,6 +115,7 @@ def test_worker_sigkill_mid_run_publishes_nothing_and_next_run_reuses_samples(
     (v1,) = _versions(factory, pid)
     assert (v1.status, v1.version, v1.created_by_run_id) == ("serving", 1, run2)
     assert _adapter_dirs(data_dir, pid) == [Path(v1.path)]
+    assert _adapter_dirs(data_dir, pid, LIVE) == [live_path(v1.path)]
     for f in ADAPTER_FILES:
         assert (Path(v1.path) / f).stat().st_size > 0, f
     assert v1.name in _loaded(engine_url)
