@@ -22,6 +22,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from core.grants import CommandGrant, Grants, JudgeGrant, check_entries
 from core.redaction_patterns import compile_patterns
 
 EMBEDDED_ENGINE_URL = "http://127.0.0.1:30000"
@@ -238,6 +239,32 @@ class Settings(BaseSettings):
     waits_per_key: int = Field(
         8, ge=0, description="Such lookups one key may have waiting at once; more get 404 at once."
     )
+    # ---- operator grants and the verify pool (core/grants.py, docs/security.md) --------
+    commands: dict[str, CommandGrant] = Field(
+        default_factory=dict,
+        description="Programs the command verifier may run, by name ([commands.<name>] in "
+        "the config file, or JSON in RLGATE_COMMANDS); a project picks one with 'use'.",
+    )
+    judges: dict[str, JudgeGrant] = Field(
+        default_factory=dict,
+        description="LLM judges (model, URL, key variable, per-project caps) by name "
+        "([judges.<name>], or JSON in RLGATE_JUDGES); a project picks one with 'judge'.",
+    )
+    verify_workers: int = Field(
+        2,
+        ge=0,
+        description="Processes of the verify pool `rlgate worker` starts beside its trainer "
+        "(queue rlgate.verify); 0: none here, another worker serves that queue.",
+    )
+    verify_per_project: int = Field(
+        1, ge=1, description="Verify tasks one project may have running at once."
+    )
+    verify_time_limit_s: float = Field(
+        300.0,
+        gt=0,
+        le=3600,
+        description="Hard time limit of one verify task (its judge calls and commands).",
+    )
     metrics_public: bool = Field(False, description="Serve /metrics without an admin key.")
     docs_public: bool = Field(False, description="Serve /openapi.json without an admin key.")
 
@@ -277,6 +304,11 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _grants(self) -> Settings:
+        check_entries(self.commands, self.judges)
+        return self
+
     @field_validator("log_level")
     @classmethod
     def _level(cls, v: str) -> str:
@@ -296,6 +328,10 @@ class Settings(BaseSettings):
     @property
     def effective_adapter_dir(self) -> Path:
         return self.adapter_dir or self.data_dir / "adapters"
+
+    @property
+    def grants(self) -> Grants:
+        return Grants(self.commands, self.judges)
 
     @property
     def engine_url_list(self) -> list[str]:
@@ -330,7 +366,9 @@ class Settings(BaseSettings):
         out: dict[str, Any] = {}
         for name in type(self).model_fields:
             value = getattr(self, name)
-            if isinstance(value, SecretStr):
+            if name in ("commands", "judges"):
+                value = ", ".join(sorted(value))  # names only: an entry's env may be secret
+            elif isinstance(value, SecretStr):
                 value = "********" if value.get_secret_value() else ""
             elif value is None:
                 value = ""

@@ -196,6 +196,18 @@ class JudgeCallRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class VerifyLeaseRow(Base):
+    """A running verify task's slot in its project's share of the verify pool
+    (trainer/verify_leases.py); gone when the task ends, or stale after ``expires_at``."""
+
+    __tablename__ = "verify_leases"
+
+    project_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    slot: Mapped[int] = mapped_column(Integer, primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
 class PolicyVersionRow(Base):
     __tablename__ = "policy_versions"
     __table_args__ = (

@@ -117,6 +117,7 @@ def judge_usage(factory: sessionmaker[Session], project_id: str) -> dict[str, An
     """The project's judge budget and what it used in the last hour (calls, known cost in
     USD, calls per outcome) and the last 24 hours (calls per outcome); None when no judge
     is configured (trainer/judge.py)."""
+    from core.grants import GrantError
     from trainer.judge import settings_for, usage
     from trainer.verifiers import project_params
 
@@ -128,12 +129,17 @@ def judge_usage(factory: sessionmaker[Session], project_id: str) -> dict[str, An
     params = project_params(settings, "judge")
     if not params:  # configured, but the stored spec does not validate: it never runs
         return {"error": "the stored judge spec is invalid; it does not run"}
-    cfg = settings_for(params)
+    try:
+        cfg = settings_for(params, project_id)
+    except GrantError as e:
+        return {"error": f"the judge does not run: {e}"}
     hour = usage(factory, project_id, 1.0)
     return {
+        "judge": params.get("judge"),
         "model": cfg["model"],
         "mode": cfg["mode"],
         "calls_per_hour": cfg["calls_per_hour"],
+        "seconds_per_hour": cfg["seconds_per_hour"],
         "usd_per_hour": cfg["usd_per_hour"],
         "last_hour": hour,
         "last_day": usage(factory, project_id, 24.0)["outcomes"],
@@ -155,12 +161,13 @@ def update_verifiers(
 ) -> dict[str, Any]:
     """Replace the project's ``settings["verifiers"]`` (None removes them) after checking
     every spec (trainer/verifier_specs.py: registered names, known and bounded parameters,
-    the judge's model, mode, rubric, budget); a ValueError says what is wrong and nothing
-    changes. An AuditEvent ``verifiers.settings``."""
+    the operator's command and judge entries granted to this project, nothing that names
+    a program, URL, key or cap); a ValueError says what is wrong and nothing changes. An
+    AuditEvent ``verifiers.settings``."""
     from schemas.tables import ProjectRow
     from trainer.verifiers import check_specs
 
-    specs = check_specs(verifiers) if verifiers is not None else None
+    specs = check_specs(verifiers, project_id=project_id) if verifiers is not None else None
     with transaction(factory) as db:
         project = db.get(ProjectRow, project_id)
         if project is None:

@@ -28,6 +28,14 @@ def make_celery(settings: Settings | None = None) -> Celery:
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
         timezone="UTC",
+        # the verify pool's hard limit (prefork kills the process; the soft one lets the
+        # task stop its command and give its slot back first)
+        task_annotations={
+            "rlgate.verifiers.verify_session": {
+                "soft_time_limit": settings.verify_time_limit_s,
+                "time_limit": settings.verify_time_limit_s + 15,
+            }
+        },
     )
     return app
 

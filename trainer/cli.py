@@ -4,7 +4,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
+import signal
+import subprocess
 import sys
 
 import click
@@ -17,7 +21,20 @@ from core.settings import get_settings
 @click.option("--beat", is_flag=True, help="Also run the beat scheduler (periodic training).")
 @click.option("--concurrency", "-c", type=int, default=1, show_default=True)
 @click.option("--pool", default="solo", show_default=True, help="Celery pool (solo, prefork).")
-@click.option("--queues", "-Q", default="", help="Comma-separated queues (default: celery).")
+@click.option(
+    "--queues",
+    "-Q",
+    default="",
+    help="Comma-separated queues (default: celery, the trainer's; with --queues no verify "
+    "pool is started, so name rlgate.verify on some worker).",
+)
+@click.option(
+    "--verify-workers",
+    type=int,
+    default=None,
+    help="Processes of the verify pool started beside this worker (queue rlgate.verify, "
+    "prefork, hard time limit). Default: RLGATE_VERIFY_WORKERS (2); 0: none.",
+)
 @click.option("--loglevel", "-l", default=None, help="Default: settings log_level.")
 @click.option(
     "--hostname",
@@ -32,8 +49,10 @@ def worker_command(
     queues: str,
     loglevel: str | None,
     hostname: str | None,
+    verify_workers: int | None,
 ):
-    """Run a Celery worker that trains (the broker comes from the settings)."""
+    """Run a Celery worker that trains (the broker comes from the settings), and beside it
+    the verify pool: verifiers and judges run there, so they never hold up training."""
     from trainer.celery_app import app
 
     settings = get_settings()
@@ -52,7 +71,37 @@ def worker_command(
     if beat:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         argv += ["--beat", f"--schedule={settings.data_dir / 'celerybeat-schedule'}"]
-    app.worker_main(argv)
+    n = settings.verify_workers if verify_workers is None else verify_workers
+    pool = None if queues or n < 1 else _start_verify_pool(n, level, hostname)
+    try:
+        app.worker_main(argv)
+    finally:
+        if pool is not None:
+            pool.terminate()
+            try:
+                pool.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pool.kill()
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the parent stops it
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _start_verify_pool(n: int, level: str, hostname: str | None) -> subprocess.Popen[bytes]:
+    """A prefork Celery worker on the verify queue (prefork enforces the hard time limit
+    by killing the process), stopped with this one."""
+    from trainer.hooks import VERIFY_QUEUE
+
+    node = f"verify-{hostname}" if hostname else "verify@%h"
+    argv = [
+        sys.executable, "-m", "celery", "-A", "trainer.celery_app", "worker",
+        f"--queues={VERIFY_QUEUE}", "--pool=prefork", f"--concurrency={n}",
+        f"--loglevel={level.upper()}", f"--hostname={node}",
+    ]  # fmt: skip
+    click.echo(f"verify pool: {n} process(es) on queue {VERIFY_QUEUE} ({node})", err=True)
+    return subprocess.Popen(argv, preexec_fn=_die_with_parent)  # noqa: PLW1509
 
 
 @click.command("train")

@@ -196,6 +196,7 @@ def score_output(
     item: GatePrompt,
     adapter: str | None,
     generated: dict[str, Any],
+    project_id: str = "eval-gate",
 ) -> float | None:
     """Run the verifier on one ``/generate`` answer; the score in [-1, 1], None when it
     abstains. Any failure is a :class:`GateError` naming the verifier and the prompt."""
@@ -213,7 +214,7 @@ def score_output(
     metadata: dict[str, Any] = {} if item.expected is None else {"expected": item.expected}
     session = SessionRecord(
         id=sid,
-        project_id="eval-gate",
+        project_id=project_id,  # whose operator grants apply (a command entry's projects)
         task_id=item.task_id,
         status=SessionStatus.closed,
         created_at=now,
@@ -222,7 +223,7 @@ def score_output(
     )
     answer = Interaction(
         id=f"{sid}-{adapter or 'base'}",
-        project_id="eval-gate",
+        project_id=project_id,
         session_id=sid,
         seq=0,
         request={"eval_gate_prompt": index},

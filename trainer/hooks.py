@@ -47,6 +47,7 @@ log = logging.getLogger("rlgate.verifiers")
 feedback_log = logging.getLogger("rlgate.feedback")
 
 VERIFY_TASK = "rlgate.verifiers.verify_session"
+VERIFY_QUEUE = "rlgate.verify"  # the verify pool's queue: never the trainer's
 
 
 # ---- after a rating -------------------------------------------------------------------------
@@ -96,6 +97,7 @@ def enqueue_verification(session_id: str) -> None:
     _publisher().send_task(
         VERIFY_TASK,
         args=[session_id],
+        queue=VERIFY_QUEUE,
         retry=True,
         retry_policy={"max_retries": 3, "interval_start": 0, "interval_step": 0.5},
     )
@@ -136,8 +138,11 @@ def _final_turn(interactions: list[Interaction]) -> list[Interaction]:
     return sorted((i for i in live if i.group_id == last.group_id), key=lambda i: i.choice_index)
 
 
-def run_verifiers(factory: sessionmaker[Session], session_id: str) -> list[dict[str, Any]]:
-    """Run the session's verifiers and store their feedback; returns the feedback JSON."""
+def run_verifiers(
+    factory: sessionmaker[Session], session_id: str, deadline: float | None = None
+) -> list[dict[str, Any]]:
+    """Run the session's verifiers and store their feedback; returns the feedback JSON.
+    No judge call starts past ``deadline`` (time.monotonic())."""
     with factory() as db:
         srow = db.get(SessionRow, session_id)
         if srow is None:
@@ -161,7 +166,7 @@ def run_verifiers(factory: sessionmaker[Session], session_id: str) -> list[dict[
     for spec in configured_verifiers(settings, session.metadata or {}):
         name = spec["name"]
         if name in SESSION_VERIFIERS:  # the LLM judge rates whole sessions and groups
-            stored += _run_judge(factory, session, interactions, spec)  # type: ignore[arg-type]
+            stored += _run_judge(factory, session, interactions, spec, deadline)  # type: ignore[arg-type]
             continue
         fn = get_verifier(name)
         if fn is None:
@@ -211,6 +216,7 @@ def _run_judge(
     session: SessionRecord,
     interactions: list[Interaction],
     spec: dict[str, Any],
+    deadline: float | None = None,
 ) -> list[dict[str, Any]]:
     """The LLM judge (trainer/judge_run.py); its feedback goes through the same store and
     after-feedback path as a verifier's. A failure is logged, never raised."""
@@ -227,10 +233,15 @@ def _run_judge(
             return None
 
     try:
-        return run_judge(factory, session, interactions, spec, store)
+        return run_judge(factory, session, interactions, spec, store, deadline)
     except Exception:
         log.exception("judge failed on session %s", session.id)
         return []
+
+
+def project_of(factory: sessionmaker[Session], session_id: str) -> str | None:
+    with factory() as db:
+        return db.scalar(select(SessionRow.project_id).where(SessionRow.id == session_id))
 
 
 @lru_cache(maxsize=4)

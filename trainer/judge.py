@@ -2,12 +2,13 @@
 litellm, so any provider works (or the base model behind an rlgate gateway, with a key of
 another project).
 
-Configured in a project's ``settings["verifiers"]`` (checked by trainer/verifier_specs.py;
-every parameter comes from the project settings, none from session metadata)::
+The operator grants judges in its configuration (``[judges.<name>]``, core/grants.py):
+the model, the URL, the variable holding the key, and the caps each project gets (one
+call's ``timeout_s``, ``retries``, ``calls_per_hour``, ``seconds_per_hour``,
+``usd_per_hour``). A project's ``settings["verifiers"]`` names one and sets only inert
+choices (checked by trainer/verifier_specs.py; none come from session metadata)::
 
-    {"name": "judge", "model": "openai/gpt-4o-mini", "mode": "group",
-     "rubric": "...", "api_base": "https://...", "api_key_env": "RLGATE_JUDGE_KEY",
-     "calls_per_hour": 120, "usd_per_hour": 1.0, "timeout_s": 60, "retries": 2}
+    {"name": "judge", "judge": "mini", "mode": "group", "rubric": "...", "group_size": 4}
 
 Modes (run by the verifier task when a session closes, trainer/hooks.py):
 
@@ -26,8 +27,9 @@ idempotency key ``judge:<mode>:<target>``: a target already judged is not sent a
 
 Every call (attempt) is a ``judge_calls`` row with its outcome: ``ok``, ``unparsable``,
 ``timeout``, ``error``; ``budget`` when the project's budget (calls and known cost in the
-last hour) refused it, ``refused`` when the configured key belongs to the judged project
-(its calls would be recorded as that project's training data) or its variable is unset.
+last hour: calls, judge wall time, known cost) or the verify task's time limit refused
+it, ``refused`` when the key belongs to the judged project (its calls would be recorded as
+that project's training data), its variable is unset, or the entry is no longer granted.
 An unparsable answer, a timeout or an error is retried (``retries``), then the target is
 skipped: no feedback, never a made-up score.
 """
@@ -99,8 +101,8 @@ def _is_timeout(exc: BaseException) -> bool:
 
 
 def usage(factory: sessionmaker[Session], project_id: str, hours: float = 1.0) -> dict[str, Any]:
-    """Judge calls of the project in the last ``hours``: counted calls, known cost (USD)
-    and the count per outcome."""
+    """Judge calls of the project in the last ``hours``: counted calls, their wall time
+    (seconds), known cost (USD) and the count per outcome."""
     since = utcnow() - timedelta(hours=hours)
     with factory() as db:
         rows = db.execute(
@@ -108,9 +110,15 @@ def usage(factory: sessionmaker[Session], project_id: str, hours: float = 1.0) -
             .where(JudgeCallRow.project_id == project_id, JudgeCallRow.created_at >= since)
             .group_by(JudgeCallRow.outcome)
         ).all()
+        seconds = db.scalar(
+            select(func.sum(JudgeCallRow.latency_ms)).where(
+                JudgeCallRow.project_id == project_id, JudgeCallRow.created_at >= since
+            )
+        )
     outcomes = {str(o): int(n) for o, n, _ in rows}
     return {
         "calls": sum(n for o, n in outcomes.items() if o in COUNTED),
+        "seconds": round(float(seconds or 0.0) / 1000, 3),
         "cost_usd": round(sum(float(c or 0.0) for _, _, c in rows), 6),
         "outcomes": outcomes,
     }
@@ -118,7 +126,7 @@ def usage(factory: sessionmaker[Session], project_id: str, hours: float = 1.0) -
 
 def _budget_left(factory: sessionmaker[Session], project_id: str, cfg: dict[str, Any]) -> bool:
     used = usage(factory, project_id)
-    if used["calls"] >= cfg["calls_per_hour"]:
+    if used["calls"] >= cfg["calls_per_hour"] or used["seconds"] >= cfg["seconds_per_hour"]:
         return False
     limit = cfg.get("usd_per_hour")
     return limit is None or used["cost_usd"] < float(limit)
@@ -149,7 +157,12 @@ class Caller:
     ``judge_calls`` row per attempt."""
 
     def __init__(
-        self, factory: sessionmaker[Session], project_id: str, session_id: str, cfg: dict[str, Any]
+        self,
+        factory: sessionmaker[Session],
+        project_id: str,
+        session_id: str,
+        cfg: dict[str, Any],
+        deadline: float | None = None,
     ) -> None:
         self.factory, self.project_id, self.session_id, self.cfg = (
             factory,
@@ -157,6 +170,8 @@ class Caller:
             session_id,
             cfg,
         )
+        # time.monotonic() past which no call starts (the verify task's time limit)
+        self.deadline = deadline
         self.skipped = 0
 
     def _record(self, outcome: str, attempt: int, **extra: Any) -> None:
@@ -184,7 +199,7 @@ class Caller:
             "messages": messages,
             "temperature": cfg["temperature"],
             "max_tokens": cfg["max_tokens"],
-            "timeout": float(cfg["timeout_s"]),
+            "timeout": float(cfg["timeout_s"]),  # lowered to the deadline in ask()
             "num_retries": 0,  # retried here, each attempt counted
             "response_format": {"type": "json_object"},
             "drop_params": True,
@@ -197,7 +212,7 @@ class Caller:
                 self._record("refused", 1, error=msg)
                 log.warning("judge not called for %s: %s", self.session_id, msg)
                 return None
-        if cfg.get("api_base"):
+        if cfg.get("api_base"):  # the operator's URL, with the operator's key or none
             kwargs["api_base"] = cfg["api_base"]
             # never let litellm send a provider key from the environment to this URL
             kwargs["api_key"] = key or "no-key"
@@ -232,6 +247,13 @@ class Caller:
                 )
                 break
             started = time.monotonic()
+            if self.deadline is not None:
+                left = self.deadline - started
+                if left < 1.0:
+                    self._record("budget", attempt, error="the verify task's time limit")
+                    log.warning("judge for %s stopped at the task's time limit", self.session_id)
+                    break
+                kwargs["timeout"] = min(float(self.cfg["timeout_s"]), left)
             try:
                 response = _completion(**kwargs)
             except Exception as e:  # provider errors of every kind: count, retry
@@ -279,5 +301,10 @@ def judged(factory: sessionmaker[Session], project_id: str, keys: list[str]) -> 
         )
 
 
-def settings_for(spec: dict[str, Any]) -> dict[str, Any]:
-    return judge_settings({k: v for k, v in spec.items() if k != "name"})
+def settings_for(spec: dict[str, Any], project_id: str) -> dict[str, Any]:
+    """The judge configuration of a project's spec over the operator's entry it names;
+    :class:`core.grants.GrantError` when that entry is gone or not granted to it."""
+    from core.settings import get_settings
+
+    grant = get_settings().grants.judge(spec.get("judge"), project_id, "judge")
+    return judge_settings({k: v for k, v in spec.items() if k != "name"}, grant)

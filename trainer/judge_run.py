@@ -11,6 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.feedback import FeedbackInput
+from core.grants import GrantError
 from schemas.atdp import Interaction
 from schemas.atdp import Session as SessionRecord
 from schemas.convert import to_record
@@ -30,11 +31,17 @@ def run_judge(
     interactions: list[Interaction],
     spec: dict[str, Any],
     store: judge.Store,
+    deadline: float | None = None,
 ) -> list[dict[str, Any]]:
     """Judge the closed ``session`` as ``spec`` says; returns the stored feedback (JSON).
-    Never raises for a judge failure: those are retried, skipped and counted."""
-    cfg = judge.settings_for(spec)
-    caller = judge.Caller(factory, session.project_id, session.id, cfg)
+    Never raises for a judge failure: those are retried, skipped and counted. No call
+    starts past ``deadline`` (time.monotonic(); the verify task's time limit)."""
+    try:
+        cfg = judge.settings_for(spec, session.project_id)
+    except GrantError as e:  # the operator removed the entry, or no longer grants it
+        log.warning("judge not run for session %s: %s", session.id, e)
+        return []
+    caller = judge.Caller(factory, session.project_id, session.id, cfg, deadline)
     steps = turns(interactions)
     if not steps:
         return []

@@ -258,6 +258,7 @@ def eval_scores(
     gate: EvalGate,
     headers: dict[str, str] | None = None,
     params: dict[str, Any] | None = None,
+    project_id: str = "eval-gate",
 ) -> list[tuple[float, int]]:
     """(mean score, abstentions) of each adapter (None: the base model) on the gate's
     prompts: greedy ``/generate`` through the engine, each output scored by the gate's
@@ -306,7 +307,9 @@ def eval_scores(
         total, abstained = 0.0, 0
         for i, item in enumerate(gate.prompts):
             out = outputs[(a, i)]
-            score = score_output(verify, gate.verifier, params or {}, i, item, adapter, out)
+            score = score_output(
+                verify, gate.verifier, params or {}, i, item, adapter, out, project_id
+            )
             if score is None:
                 abstained += 1
             else:
@@ -328,6 +331,7 @@ def eval_gate(
     headers: dict[str, str] | None = None,
     *,
     project_settings: dict[str, Any] | None = None,
+    project_id: str = "eval-gate",
 ) -> tuple[bool, dict[str, Any]]:
     """(promote?, metrics). Off unless ``gate["enabled"]``. Scores the new and the serving
     adapter (None: the base model); promotes only if ``new >= serving - margin``. Fails
@@ -350,7 +354,7 @@ def eval_gate(
         "eval_serving_adapter": serving or "base",
     }
     try:
-        scores = eval_scores(engine_url, [new, serving], cfg, headers, params)
+        scores = eval_scores(engine_url, [new, serving], cfg, headers, params, project_id)
         (new_score, new_abstained), (old_score, old_abstained) = scores
     except GateError as e:
         log.warning("eval gate failed closed for %s: %s", new, e)

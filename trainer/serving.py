@@ -88,6 +88,7 @@ def publish_version(
             gate or {},
             settings.engine_headers,
             project_settings=project_settings,
+            project_id=project_id,
         )
         if metrics:
             with transaction(factory) as db:

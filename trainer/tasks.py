@@ -8,7 +8,11 @@
   start runs that are due (threshold reached, or the schedule with >= min_samples).
 - ``rlgate.retry_publish()``: only the re-publish part.
 - ``rlgate.verifiers.verify_session(session_id)``: run the configured verifiers on a
-  closed session (trainer/hooks.py enqueues it and holds its body).
+  closed session (trainer/hooks.py enqueues it on the queue ``rlgate.verify`` and holds
+  its body). It runs in the verify pool (``rlgate worker`` starts it beside the trainer),
+  under a hard time limit (RLGATE_VERIFY_TIME_LIMIT_S) and at most
+  RLGATE_VERIFY_PER_PROJECT at once per project (trainer/verify_leases.py): one project's
+  slow judge neither delays training nor another project's ratings.
 """
 
 from __future__ import annotations
@@ -18,15 +22,18 @@ import ctypes
 import gc
 import logging
 import os
+import time
 from typing import Any
 
-from trainer import hooks, runner, serving, triggers
+from trainer import hooks, runner, serving, triggers, verify_leases
 from trainer.celery_base import app
 
 log = logging.getLogger("rlgate.trainer")
 
 TRAIN_TASK = "rlgate.train_project"
 TICK_S = float(os.environ.get("RLGATE_TRAIN_TICK_S", "60"))
+LEASE_WAIT_S = 2.0  # a task whose project's verify slots are all taken is retried after this
+STORE_MARGIN_S = 5.0  # of the time limit, kept for storing the ratings
 
 app.conf.beat_schedule = {
     **(app.conf.beat_schedule or {}),
@@ -92,10 +99,26 @@ def tick() -> dict[str, Any]:
     }
 
 
-@app.task(name=hooks.VERIFY_TASK, acks_late=True)
-def verify_session(session_id: str) -> int:
-    """Celery task: run the configured verifiers on a closed session."""
+@app.task(name=hooks.VERIFY_TASK, acks_late=True, bind=True, max_retries=None)
+def verify_session(self: Any, session_id: str) -> int:
+    """Celery task: run the configured verifiers on a closed session, in one of its
+    project's verify slots (retried later when they are all taken)."""
     from core.settings import get_settings
 
-    factory = hooks.factory_for(get_settings().effective_database_url)
-    return len(hooks.run_verifiers(factory, session_id))
+    settings = get_settings()
+    factory = hooks.factory_for(settings.effective_database_url)
+    project_id = hooks.project_of(factory, session_id)
+    if project_id is None:
+        return 0
+    limit = settings.verify_time_limit_s
+    holder = str(self.request.id or session_id)
+    slot = verify_leases.acquire(
+        factory, project_id, settings.verify_per_project, limit + 30.0, holder
+    )
+    if slot is None:
+        raise self.retry(countdown=LEASE_WAIT_S)
+    try:
+        deadline = time.monotonic() + max(1.0, limit - STORE_MARGIN_S)
+        return len(hooks.run_verifiers(factory, session_id, deadline))
+    finally:
+        verify_leases.release(factory, project_id, slot, holder)

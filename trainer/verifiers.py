@@ -11,9 +11,10 @@ module or function to import. The same verifiers score the eval gate's held-out 
 Which verifiers run for a session: the ones named in the session's metadata
 (``"verifier": "exact_number"``, or ``"verifiers": [...]``, each a name or an object
 ``{"name": ..., <params>}``), else the project's ``settings["verifiers"]``. Parameters
-from the project override the session's; the ``command`` verifier runs only commands
-configured in the project settings (an agent key can write session metadata, and must not
-be able to run commands on the workers). Specs are checked (:func:`check_specs`: a known
+from the project override the session's. The ``command`` verifier runs only a program of
+the operator's configuration (``[commands.<name>]``, core/grants.py), which the project's
+settings name with ``use``; session metadata cannot even choose which (an agent key can
+write it). Specs are checked (:func:`check_specs`: a known
 name, known parameters with bounds, at most :data:`MAX_SPECS`); an invalid spec is logged
 and skipped, never run.
 
@@ -35,12 +36,14 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
+from core.grants import CommandGrant, GrantError, Grants
 from schemas.atdp import Interaction
 from schemas.atdp import Session as SessionRecord
 from trainer import verifier_specs
 from trainer.verifier_specs import (
-    JUDGE_PARAMS,
+    BUILTIN_PARAMS,
     MAX_SPECS,
+    OPERATOR_ONLY,
     SESSION_VERIFIERS,
     VerifierSpecError,
     check_spec,
@@ -50,8 +53,17 @@ log = logging.getLogger("rlgate.verifiers")
 
 ENTRY_POINT_GROUP = "rlgate.verifiers"
 # parameters only the project settings may give (session metadata is writable with an
-# agent key): a command to run, and everything about the judge (a URL, a key, a budget)
-TRUSTED_ONLY = {"command": ("command", "cwd", "timeout_s", "env"), "judge": JUDGE_PARAMS}
+# agent key): which operator command runs, and everything about the judge
+TRUSTED_ONLY = {
+    "command": ("use", *OPERATOR_ONLY["command"]),
+    "judge": (*BUILTIN_PARAMS["judge"], *OPERATOR_ONLY["judge"]),
+}
+
+
+def _grants() -> Grants:
+    from core.settings import get_settings
+
+    return get_settings().grants
 
 
 @dataclass
@@ -119,39 +131,50 @@ def contains(ctx: VerifierContext, answer: Interaction) -> float | None:
 
 
 def command(ctx: VerifierContext, answer: Interaction) -> float | None:
-    """Runs ``command`` in ``cwd`` (project settings); exit status 0 -> +1, else -1, also
-    on timeout (``timeout_s``, default 60). The answer is passed in the environment:
-    RLGATE_ANSWER, RLGATE_EXPECTED, RLGATE_SESSION_ID, RLGATE_INTERACTION_ID,
-    RLGATE_TASK_ID."""
-    cmd = ctx.config.get("command")
-    if not cmd or not isinstance(cmd, str | list):
-        log.warning("command verifier without a 'command' in the project settings")
+    """Runs the operator's command entry named by ``use`` (core/grants.py: its program,
+    ``cwd``, ``env``, ``timeout_s``; the project only names it); exit status 0 -> +1,
+    else -1, also on timeout. It sees only the worker variables its entry inherits, its
+    entry's ``env``, and the answer: RLGATE_ANSWER, RLGATE_EXPECTED, RLGATE_SESSION_ID,
+    RLGATE_INTERACTION_ID, RLGATE_TASK_ID. Abstains when the entry is gone or not granted
+    to the session's project."""
+    try:
+        grant = _grants().command(ctx.config.get("use"), ctx.session.project_id, "command")
+    except GrantError as e:
+        log.warning("command verifier not run for %s: %s", answer.id, e)
         return None
-    timeout = float(ctx.config.get("timeout_s", 60))
-    env = {
-        **os.environ,
-        **{str(k): str(v) for k, v in (ctx.config.get("env") or {}).items()},
-        "RLGATE_ANSWER": answer.output.text or "",
-        "RLGATE_EXPECTED": "" if ctx.expected is None else str(ctx.expected),
-        "RLGATE_SESSION_ID": ctx.session.id,
-        "RLGATE_INTERACTION_ID": answer.id,
-        "RLGATE_TASK_ID": ctx.session.task_id or "",
-    }
+    return run_command(grant, ctx, answer)
+
+
+def run_command(grant: CommandGrant, ctx: VerifierContext, answer: Interaction) -> float:
+    env = {k: os.environ[k] for k in grant.inherit_env if k in os.environ}
+    env.update(grant.env)
+    env.update(
+        {
+            "RLGATE_ANSWER": answer.output.text or "",
+            "RLGATE_EXPECTED": "" if ctx.expected is None else str(ctx.expected),
+            "RLGATE_SESSION_ID": ctx.session.id,
+            "RLGATE_INTERACTION_ID": answer.id,
+            "RLGATE_TASK_ID": ctx.session.task_id or "",
+        }
+    )
+    cmd = grant.command
     proc = subprocess.Popen(
         cmd,
         shell=isinstance(cmd, str),
-        cwd=ctx.config.get("cwd") or None,
+        cwd=grant.cwd or None,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # its own process group: a timeout kills all of it
     )
     try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
+        rc = proc.wait(timeout=grant.timeout_s)
+    except BaseException as e:  # the timeout, or the verify task's own time limit
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        log.info("command verifier timed out after %.0fs for %s", timeout, answer.id)
+        if not isinstance(e, subprocess.TimeoutExpired):
+            raise
+        log.info("command verifier timed out after %.0fs for %s", grant.timeout_s, answer.id)
         return -1.0
     return 1.0 if rc == 0 else -1.0
 
@@ -190,10 +213,13 @@ def get_verifier(name: str) -> Verifier | None:
 # ---- which verifiers run ---------------------------------------------------------------------
 
 
-def check_specs(raw: Any, where: str = "verifiers") -> list[dict[str, Any]]:
-    """Validate a whole ``verifiers`` setting against the registered names (see
-    trainer/verifier_specs.py); raises :class:`VerifierSpecError` on the first bad spec."""
-    return verifier_specs.check_specs(raw, where, verifier_names())
+def check_specs(
+    raw: Any, where: str = "verifiers", project_id: str | None = None
+) -> list[dict[str, Any]]:
+    """Validate a whole ``verifiers`` setting against the registered names and the
+    operator's grants for ``project_id`` (see trainer/verifier_specs.py); raises
+    :class:`VerifierSpecError` on the first bad spec."""
+    return verifier_specs.check_specs(raw, where, verifier_names(), _grants(), project_id)
 
 
 def _specs(
@@ -217,9 +243,10 @@ def _specs(
     # built-in names only: no need to read the installed packages' entry points
     known = set(BUILTIN_NAMES) if names <= BUILTIN_NAMES else verifier_names()
     out = []
+    grants = _grants()
     for i, item in enumerate(items):
         try:
-            out.append(check_spec(item, f"{where}[{i}]", known))
+            out.append(check_spec(item, f"{where}[{i}]", known, grants))
         except VerifierSpecError as e:
             log.warning("verifier not run: %s", e)
     return out

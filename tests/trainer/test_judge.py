@@ -20,11 +20,20 @@ from core.migrate import upgrade
 from schemas.coltypes import utcnow
 from schemas.convert import to_row
 from schemas.tables import FeedbackRow, InteractionRow, JudgeCallRow
+from tests.grants import grant, judge_spec
 from tests.rows import interaction, session
 from trainer import judge
 from trainer.hooks import run_verifiers
 
 MODEL = "openai/judge-test"
+_MP: list[pytest.MonkeyPatch] = []
+
+
+@pytest.fixture(autouse=True)
+def _monkeypatch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    _MP.append(monkeypatch)  # _project grants the judge for this test only
+    yield
+    _MP.clear()
 
 
 @pytest.fixture
@@ -74,7 +83,9 @@ def mock(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def _project(factory: Any, pid: str = "p1", **params: Any) -> None:
-    spec = {"name": "judge", "model": MODEL, "retries": 2, **params}
+    """The operator's judge entry ``j`` and the project's spec naming it, from ``params``."""
+    entry, spec = judge_spec("j", {"model": MODEL, "retries": 2, **params})
+    grant(_MP[0], judges={"j": entry})
     with factory() as db, db.begin():
         ensure_project(db, pid).settings = {"verifiers": [spec]}
 
@@ -329,7 +340,7 @@ def test_a_key_of_the_judged_project_is_refused(
     never the judged one."""
     _project(
         factory, mode="session", api_base="http://127.0.0.1:9/v1", api_key_env="RLGATE_JUDGE_KEY"
-    )
+    )  # the operator's entry: URL and key variable
     with factory() as db, db.begin():
         ensure_project(db, "judges")
         _, own = create_key(db, "p1", "agent")

@@ -5,13 +5,15 @@
   this asserts on the mechanics (a call was made and its answer parsed or counted as
   unparsable; the call was recorded in the judge's project, never in the judged one; a
   key of the judged project is refused), not on the quality of its judgement;
-- gateway -> session closes -> a real Celery worker runs the judge through litellm
-  (``mock_response`` from RLGATE_JUDGE_MOCK_RESPONSE) -> feedback with rationale ->
-  credit assignment -> the trainer's sample selection takes the judged interactions.
+- gateway -> session closes -> a real ``rlgate worker`` runs the judge in its verify pool
+  through litellm (``mock_response`` from RLGATE_JUDGE_MOCK_RESPONSE), as the operator's
+  judge entry says -> feedback with rationale -> credit assignment -> the trainer's sample
+  selection takes the judged interactions.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
@@ -32,6 +34,7 @@ from core.settings import get_settings
 from schemas.coltypes import utcnow
 from schemas.convert import to_row
 from schemas.tables import FeedbackRow, InteractionRow, JudgeCallRow
+from tests.grants import grant
 from tests.rows import interaction, session
 from tests.servers import REPO, Proc, engine_cmd, free_port, gateway, running
 from trainer.data import select_samples
@@ -41,6 +44,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 REDIS_DB = os.environ.get("RLGATE_TEST_JUDGE_REDIS_DB", "11")
 BROKER = f"redis://127.0.0.1:6379/{REDIS_DB}"
+# the operator's judge entry, in the gateway's and the worker's configuration
+JUDGES = json.dumps({"mini": {"model": "openai/gpt-4o-mini"}})
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +64,7 @@ def stack(pg_url: str, engine: Proc, tmp_path: Path) -> Iterator[tuple[Proc, Any
     db = make_engine(pg_url)
     factory = session_factory(db)
     try:
-        with gateway(tmp_path / "gw", pg_url, engine.url, broker_url=BROKER) as gw:
+        with gateway(tmp_path / "gw", pg_url, engine.url, broker_url=BROKER, judges=JUDGES) as gw:
             yield gw, factory
     finally:
         db.dispose()
@@ -75,16 +80,15 @@ def test_the_local_engine_judges_through_the_gateway_with_another_projects_key(
     stack: tuple[Proc, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     gw, factory = stack
-    spec = {
-        "name": "judge",
+    local = {
         "model": "openai/rlgate-policy",
         "api_base": gw.url + "/v1",
         "api_key_env": "RLGATE_JUDGE_KEY",
-        "mode": "session",
         "retries": 0,
-        "max_tokens": 48,
         "timeout_s": 120,
     }
+    grant(monkeypatch, judges={"local": local})
+    spec = {"name": "judge", "judge": "local", "mode": "session", "max_tokens": 48}
     with transaction(factory) as db:
         ensure_project(db, "p1").settings = {"verifiers": [spec]}
         ensure_project(db, "judges")
@@ -131,13 +135,14 @@ def worker(stack: tuple[Proc, Any], pg_url: str, tmp_path: Path) -> Iterator[Pat
         "RLGATE_BROKER_URL": BROKER,
         "RLGATE_DATA_DIR": str(tmp_path / "worker-data"),
         "RLGATE_JUDGE_MOCK_RESPONSE": '{"score": 0.9, "rationale": "answered both questions"}',
+        "RLGATE_JUDGES": JUDGES,
+        "RLGATE_VERIFY_WORKERS": "1",
     }
     log = tmp_path / "worker.log"
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "trainer.celery_app", "worker",
-             "--pool=solo", "--loglevel=info", "--without-gossip", "--without-mingle",
-             "--without-heartbeat", "-n", f"judge-test-{secrets.token_hex(3)}@%h"],
+        proc = subprocess.Popen(  # the trainer worker and its verify pool, as operators run it
+            [sys.executable, "-m", "rlgate.cli", "worker",
+             "-n", f"judge-test-{secrets.token_hex(3)}@%h"],
             cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
@@ -157,7 +162,7 @@ def test_gateway_session_close_judge_feedback_trainer_selection(
     monkeypatch.setenv("RLGATE_DATABASE_URL", pg_url)
     monkeypatch.setenv("RLGATE_BROKER_URL", BROKER)
     get_settings.cache_clear()
-    spec = {"name": "judge", "model": "openai/gpt-4o-mini", "mode": "session", "rubric": "Correct?"}
+    spec = {"name": "judge", "judge": "mini", "mode": "session", "rubric": "Correct?"}
     with transaction(factory) as db:
         ensure_project(db, "p1").settings = {"verifiers": [spec]}
         _, key = create_key(db, "p1", "agent")

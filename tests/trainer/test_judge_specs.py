@@ -7,13 +7,21 @@ from typing import Any
 
 import pytest
 
+from core.grants import JudgeGrant
+from tests.grants import grant
 from tests.rows import interaction
 from trainer import judge_text as jt
 from trainer.eval_gate import EvalGate, GateConfigError
 from trainer.verifier_specs import judge_settings
 from trainer.verifiers import VerifierSpecError, check_specs, get_verifier, verifier_names
 
-GOOD = {"name": "judge", "model": "openai/gpt-4o-mini", "mode": "group", "rubric": "Be right."}
+GOOD = {"name": "judge", "judge": "mini", "mode": "group", "rubric": "Be right."}
+MINI = {"model": "openai/gpt-4o-mini", "api_key_env": "OPENAI_API_KEY", "projects": ["p1"]}
+
+
+@pytest.fixture(autouse=True)
+def _mini(monkeypatch: pytest.MonkeyPatch) -> None:
+    grant(monkeypatch, judges={"mini": MINI, "other": {"model": "openai/x"}})
 
 
 def test_judge_is_a_registered_name_that_scores_no_single_answer() -> None:
@@ -23,62 +31,62 @@ def test_judge_is_a_registered_name_that_scores_no_single_answer() -> None:
         EvalGate.parse({"enabled": True, "verifier": "judge", "prompts": [{"prompt": "x"}]})
 
 
-def test_a_good_spec_and_its_defaults() -> None:
-    assert check_specs([GOOD]) == [GOOD]
-    full = {
-        **GOOD,
-        "api_base": "http://127.0.0.1:8000/v1",
-        "api_key_env": "RLGATE_JUDGE_KEY",
-        "timeout_s": 30,
-        "retries": 0,
-        "calls_per_hour": 10,
-        "usd_per_hour": 0.5,
-        "group_size": 8,
-        "temperature": 0.2,
-        "max_tokens": 256,
-    }
-    assert check_specs(full) == [full]
-    cfg = judge_settings({"model": "m"})
+def test_a_good_spec_and_its_defaults_over_the_operators_entry() -> None:
+    assert check_specs([GOOD], project_id="p1") == [GOOD]
+    full = {**GOOD, "group_size": 8, "temperature": 0.2, "max_tokens": 256}
+    assert check_specs(full, project_id="p1") == [full]
+    cfg = judge_settings({"judge": "mini"}, JudgeGrant(**MINI))
+    assert (cfg["model"], cfg["api_key_env"], cfg["api_base"]) == (
+        "openai/gpt-4o-mini",
+        "OPENAI_API_KEY",
+        None,
+    )
     assert (cfg["mode"], cfg["retries"], cfg["calls_per_hour"], cfg["usd_per_hour"]) == (
         "session",
-        2,
+        1,
         120,
         None,
     )
+    assert cfg["seconds_per_hour"] == 600 and cfg["timeout_s"] == 60
 
 
 @pytest.mark.parametrize(
     ("change", "fragment"),
     [
         ({"mode": "pairwise"}, "mode must be one of ['group', 'session', 'next_turn']"),
-        ({"model": None}, "model is required"),
-        ({"model": "gpt 4; rm -rf /"}, "litellm model string"),
+        ({"judge": None}, "judge must name one of the operator's [judges] entries"),
+        ({"judge": "nope"}, "(granted to this project: ['mini', 'other']), not 'nope'"),
         ({"rubric": ["be", "right"]}, "rubric must be text"),
         ({"rubric": ""}, "rubric must be text"),
         ({"rubric": "x" * 9000}, "rubric must be text"),
         ({"temperature_c": 1}, "unknown parameters ['temperature_c']"),
         ({"module": "os:system"}, "unknown parameters ['module']"),
-        ({"api_base": "file:///etc/passwd"}, "api_base must be an http(s) URL"),
-        ({"api_key_env": "OPENAI_API_KEY"}, "RLGATE_JUDGE_<NAME>"),
-        ({"api_key_env": "RLGATE_DATABASE_URL"}, "RLGATE_JUDGE_<NAME>"),
-        ({"calls_per_hour": 0}, "calls_per_hour must be an integer in 1..100000"),
-        ({"calls_per_hour": 1.5}, "calls_per_hour must be an integer"),
-        ({"usd_per_hour": -1}, "usd_per_hour must be a number"),
-        ({"retries": True}, "retries must be an integer"),
         ({"group_size": 1}, "group_size must be an integer in 2..16"),
-        ({"timeout_s": 0}, "timeout_s must be a number in 1..600"),
+        # what only the operator sets: a model (a provider, so a credential), a URL, a key
+        # variable, the caps
+        ({"model": "openai/gpt-4o"}, "['model'] are the operator's to set"),
+        ({"api_base": "http://127.0.0.1:9/v1"}, "['api_base'] are the operator's to set"),
+        ({"api_key_env": "RLGATE_JUDGE_KEY"}, "['api_key_env'] are the operator's"),
+        ({"calls_per_hour": 10**6, "timeout_s": 600}, "['calls_per_hour', 'timeout_s'] are"),
+        ({"retries": 5, "usd_per_hour": 1e4}, "['retries', 'usd_per_hour'] are the operator's"),
     ],
 )
 def test_bad_judge_specs_say_what_to_fix(change: dict[str, Any], fragment: str) -> None:
     spec = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
     with pytest.raises(VerifierSpecError) as e:
-        check_specs([spec])
+        check_specs([spec], project_id="p1")
     assert fragment in str(e.value)
+
+
+def test_an_entry_serves_only_the_projects_it_is_granted_to() -> None:
+    with pytest.raises(VerifierSpecError, match=r"\[judges.mini\] is not granted to project 'p2'"):
+        check_specs([GOOD], project_id="p2")
+    assert check_specs([{**GOOD, "judge": "other"}], project_id="p2")
 
 
 def test_one_judge_per_project() -> None:
     with pytest.raises(VerifierSpecError, match="at most once"):
-        check_specs([GOOD, {**GOOD, "mode": "next_turn"}])
+        check_specs([GOOD, {**GOOD, "mode": "next_turn"}], project_id="p1")
 
 
 # ---- what the judge reads --------------------------------------------------------------------

@@ -1,10 +1,12 @@
 """Verifier settings (project ``settings["verifiers"]``, session metadata) name only
-registered verifiers, with known, bounded parameters; anything else is never run."""
+registered verifiers, with known, bounded parameters, and commands only by the name of
+an operator entry; anything else is never run."""
 
 from __future__ import annotations
 
 import pytest
 
+from tests.grants import grant
 from tests.rows import interaction, session
 from trainer.verifiers import (
     MAX_SPECS,
@@ -17,6 +19,11 @@ from trainer.verifiers import (
     project_params,
     verifier_names,
 )
+
+
+@pytest.fixture(autouse=True)
+def _tests_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    grant(monkeypatch, commands={"tests": {"command": ["pytest", "-q"], "timeout_s": 30}})
 
 
 def test_registry_names_and_lookup() -> None:
@@ -41,9 +48,11 @@ def test_contains_verifier() -> None:
         ({"name": "no_such_verifier"}, "no verifier 'no_such_verifier' is registered"),
         ({"command": "id"}, "registered verifier"),  # no name
         ({"name": "exact_number", "module": "os"}, "unknown parameters ['module']"),
-        ({"name": "command", "timeout_s": 10**6}, "timeout_s must be a number of seconds"),
-        ({"name": "command", "command": ["ls", 3]}, "command must be text or a list"),
-        ({"name": "command", "env": {"A": ["x"]}}, "env must map"),
+        ({"name": "command"}, "use must name one of the operator's [commands] entries"),
+        ({"name": "command", "use": "nope"}, "(granted to this project: ['tests']), not 'nope'"),
+        ({"name": "command", "use": "tests", "timeout_s": 10}, "['timeout_s'] are the operator's"),
+        ({"name": "command", "command": "id"}, "['command'] are the operator's to set"),
+        ({"name": "command", "cwd": "/", "env": {"A": "1"}}, "['cwd', 'env'] are the operator's"),
         (["exact_number"] * (MAX_SPECS + 1), f"at most {MAX_SPECS} verifiers"),
         (42, "must be a verifier name or an object"),
     ],
@@ -58,21 +67,24 @@ def test_good_specs() -> None:
     specs = check_specs(
         [
             "exact_number",
-            {"name": "command", "command": ["pytest", "-q"], "timeout_s": 30, "env": {"A": "1"}},
+            {"name": "command", "use": "tests", "expected": "ok"},
         ]
     )
     assert [s["name"] for s in specs] == ["exact_number", "command"]
 
 
 def test_invalid_specs_are_skipped_never_run() -> None:
-    project = {"verifiers": [{"name": "command", "command": "make test"}, "pydoc:pipepager"]}
-    # the project's valid spec stays, the one naming a module is dropped
-    assert configured_verifiers(project, {}) == [{"name": "command", "command": "make test"}]
+    good = {"name": "command", "use": "tests"}
+    stored = [good, "pydoc:pipepager", {"name": "command", "command": "id"}]
+    project = {"verifiers": stored}
+    # the project's valid spec stays; the one naming a module, and one carrying a command
+    # (stored before operator grants existed), are dropped
+    assert configured_verifiers(project, {}) == [good]
     meta = {"verifiers": ["os:system", {"name": "exact_number", "expected": 3}]}
     assert configured_verifiers({}, meta) == [{"name": "exact_number", "expected": 3}]
     # only the first MAX_SPECS of a long list
     many = {"verifiers": ["exact_number"] * (MAX_SPECS + 5)}
     assert len(configured_verifiers({}, many)) == MAX_SPECS
     # the gate's parameters come from the project's valid specs only
-    assert project_params(project, "command") == {"command": "make test"}
+    assert project_params(project, "command") == {"use": "tests"}
     assert project_params(project, "pydoc:pipepager") == {}

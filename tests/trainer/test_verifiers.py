@@ -16,8 +16,9 @@ from sqlalchemy import select
 from core.keys import ensure_project
 from schemas.convert import to_row
 from schemas.tables import FeedbackRow, InteractionRow, SessionRow
+from tests.grants import grant
 from tests.rows import interaction, session
-from trainer.hooks import on_session_closed
+from trainer.hooks import VERIFY_QUEUE, on_session_closed
 from trainer.verifiers import (
     VerifierContext,
     command,
@@ -29,6 +30,7 @@ from trainer.verifiers import (
 
 REPO = Path(__file__).resolve().parents[2]
 REDIS_DB = os.environ.get("RLGATE_TEST_REDIS_DB", "14")
+HAS_42 = 'case "$RLGATE_ANSWER" in *42*) exit 0;; esac; exit 1'
 
 
 def _ctx(text_meta=None, **config):  # type: ignore[no-untyped-def]
@@ -63,27 +65,46 @@ def test_exact_number():
     assert exact_number(_ctx({}), right) is None  # nothing expected: abstain
 
 
-def test_command_exit_status_and_timeout(tmp_path):
-    ans = interaction("a", "s", 0, "hello")
-    assert command(_ctx({}, command='test "$RLGATE_ANSWER" = hello'), ans) == 1.0
-    assert command(_ctx({}, command="exit 3"), ans) == -1.0
+def test_command_runs_the_operators_entry_with_its_exit_status_and_timeout(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
     (tmp_path / "flag").write_text("x")
-    assert command(_ctx({}, command=["test", "-f", "flag"], cwd=str(tmp_path)), ans) == 1.0
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-worker-secret")
+    grant(
+        monkeypatch,
+        commands={
+            "hello": {"command": 'test "$RLGATE_ANSWER" = hello'},
+            "fails": {"command": "exit 3"},
+            "flag": {"command": ["test", "-f", "flag"], "cwd": str(tmp_path)},
+            "slow": {"command": "sleep 30", "timeout_s": 0.5},
+            # the worker's secrets never reach a command; its entry's env does
+            "no_secret": {"command": 'test -z "$OPENAI_API_KEY" && test "$MODE" = ci',
+                          "env": {"MODE": "ci"}},
+            "elsewhere": {"command": "true", "projects": ["p2"]},
+        },
+    )  # fmt: skip
+    ans = interaction("a", "s", 0, "hello")
+    assert command(_ctx({}, use="hello"), ans) == 1.0
+    assert command(_ctx({}, use="fails"), ans) == -1.0
+    assert command(_ctx({}, use="flag"), ans) == 1.0
     started = time.monotonic()
-    assert command(_ctx({}, command="sleep 30", timeout_s=0.5), ans) == -1.0
+    assert command(_ctx({}, use="slow"), ans) == -1.0
     assert time.monotonic() - started < 10
-    assert command(_ctx({}), ans) is None  # no command configured
+    assert command(_ctx({}, use="no_secret"), ans) == 1.0
+    assert command(_ctx({}, use="elsewhere"), ans) is None  # not granted to p1
+    assert command(_ctx({}, use="gone"), ans) is None  # no such entry (any more)
+    assert command(_ctx({}), ans) is None  # no entry named
 
 
-def test_selection_rules():
-    project = {"verifiers": [{"name": "command", "command": "make test", "cwd": "/srv"}]}
+def test_selection_rules(monkeypatch):  # type: ignore[no-untyped-def]
+    grant(monkeypatch, commands={"make": {"command": "make test", "cwd": "/srv"}})
+    project = {"verifiers": [{"name": "command", "use": "make"}]}
     assert configured_verifiers(project, {}) == project["verifiers"]
     assert configured_verifiers({}, {"verifier": "exact_number"}) == [{"name": "exact_number"}]
-    # session metadata names the verifier; a command comes from the project only
-    spec = configured_verifiers({}, {"verifier": {"name": "command", "command": "rm -rf /"}})
-    assert spec == [{"name": "command"}]
-    spec = configured_verifiers(project, {"verifiers": [{"name": "command", "cwd": "/tmp"}]})
-    assert spec == [{"name": "command", "command": "make test", "cwd": "/srv"}]
+    # session metadata names the verifier; which command runs comes from the project only
+    # (a session spec without the project's is refused, never run)
+    assert configured_verifiers({}, {"verifier": {"name": "command", "command": "id"}}) == []
+    assert configured_verifiers({}, {"verifier": {"name": "command", "use": "make"}}) == []
+    spec = configured_verifiers(project, {"verifiers": [{"name": "command", "use": "other"}]})
+    assert spec == [{"name": "command", "use": "make"}]
     assert configured_verifiers({}, {}) == []
     assert get_verifier("exact_number") is exact_number
     assert get_verifier("no-such-verifier") is None
@@ -91,8 +112,11 @@ def test_selection_rules():
 
 @pytest.fixture
 def worker(db_url, migrated_db, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
-    """A real `celery worker` process on a Redis broker and the test's database."""
+    """A real `celery worker` process (the trainer's queue and the verify queue) on a
+    Redis broker and the test's database, with the operator's command entry."""
     from core.settings import get_settings
+
+    grants = grant(monkeypatch, commands={"has42": {"command": HAS_42}})
 
     broker = f"redis://127.0.0.1:6379/{REDIS_DB}"
     env = {
@@ -101,6 +125,7 @@ def worker(db_url, migrated_db, tmp_path, monkeypatch):  # type: ignore[no-untyp
         "RLGATE_DATABASE_URL": db_url,
         "RLGATE_BROKER_URL": broker,
         "RLGATE_DATA_DIR": str(tmp_path / "worker-data"),
+        **grants,
     }
     monkeypatch.setenv("RLGATE_DATABASE_URL", db_url)
     monkeypatch.setenv("RLGATE_BROKER_URL", broker)
@@ -110,7 +135,8 @@ def worker(db_url, migrated_db, tmp_path, monkeypatch):  # type: ignore[no-untyp
         proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "trainer.celery_app", "worker",
              "--pool=solo", "--loglevel=info", "--without-gossip", "--without-mingle",
-             "--without-heartbeat", "-n", f"verifier-test-{secrets.token_hex(3)}@%h"],
+             "--without-heartbeat", "-Q", f"celery,{VERIFY_QUEUE}",
+             "-n", f"verifier-test-{secrets.token_hex(3)}@%h"],
             cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
@@ -130,12 +156,7 @@ def test_closed_sessions_get_verifier_feedback_from_a_real_worker(worker):
     with factory() as db, db.begin():
         ensure_project(db, "p1")
         ensure_project(db, "p2").settings = {
-            "verifiers": [
-                {
-                    "name": "command",
-                    "command": 'case "$RLGATE_ANSWER" in *42*) exit 0;; esac; exit 1',
-                }
-            ],
+            "verifiers": [{"name": "command", "use": "has42"}],
             "credit_assignment": {"gamma": 0.5},
         }
         for sid, expected in ((right, 42), (wrong, 7), (grp, 42)):
