@@ -127,14 +127,11 @@ def check_spec(
     params = {k: v for k, v in spec.items() if k != "name"}
     operators = sorted(set(params) & set(OPERATOR_ONLY.get(name, ())))
     if operators:
-        entry = (
-            "[commands.<name>] entry, chosen with 'use'"
-            if name == "command"
-            else ("[judges.<name>] entry, chosen with 'judge'")
-        )
+        kind, field = ("commands", "use") if name == "command" else ("judges", "judge")
         raise VerifierSpecError(
-            f"{where}: {operators} are the operator's to set, in the {entry} of the "
-            f"operator's configuration (docs/security.md); a project names the entry only"
+            f"{where}: {operators} are the operator's to set: they belong in a "
+            f"[{kind}.<name>] entry of the operator's configuration, which the project "
+            f"names with '{field}' (docs/security.md)"
         )
     allowed = BUILTIN_PARAMS.get(name)
     if allowed is not None and set(params) - set(allowed):

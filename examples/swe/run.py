@@ -9,8 +9,9 @@ For each task (``swe_tasks.TASKS``):
    that session: mini-swe-agent (litellm, OpenAI Chat Completions with a ``bash`` tool) or
    Claude Code (``claude -p``, Anthropic Messages);
 3. end the session. With ``--verify worker`` (default) the project's ``command`` verifier
-   (rlgate's ``trainer/verifiers.py``, configured here in the project's settings) runs
-   ``verify.py`` in the Celery worker: the tests pass -> reward +1, else -1, stored as
+   (rlgate's ``trainer/verifiers.py``) runs the operator's command entry ``swe_verify``
+   (``verify.py``; ``--operator-config`` prints it for the worker's and gateway's
+   configuration) in the worker's verify pool: the tests pass -> reward +1, else -1, stored as
    session feedback that flows back over the turns. With ``--verify local`` this script runs
    the tests itself and posts the same rating with ``POST /feedback``.
 
@@ -19,9 +20,9 @@ schedule; or ``rlgate train --once``), and exports the rated trajectories as ATD
 (``rlgate export --rated-only``).
 
 Run it with the project's Python, in the same environment as ``rlgate up`` (the same
-``RLGATE_DATA_DIR`` / ``RLGATE_DATABASE_URL``): it writes the project's verifier settings and
-creates its keys in that database. See README.md. The agents are in ``swe_agents.py``, the
-calls to the gateway in ``swe_gateway.py``.
+``RLGATE_DATA_DIR`` / ``RLGATE_DATABASE_URL``): it writes the project's verifier settings
+(which name the operator's entry) and creates its keys in that database. See README.md.
+The agents are in ``swe_agents.py``, the calls to the gateway in ``swe_gateway.py``.
 """
 
 from __future__ import annotations
@@ -69,22 +70,37 @@ class TaskResult:
 # ---- the project: keys and the command verifier (written to rlgate's database) ---------------
 
 
-def verifier_spec(workspaces: Path) -> dict[str, Any]:
-    """rlgate's ``command`` verifier running verify.py on ``<workspaces>/<session id>/repo``
-    (the session's task_id names the task)."""
+COMMAND_ENTRY = "swe_verify"  # the operator's [commands.swe_verify]
+
+
+def command_entry(workspaces: Path, project: str) -> dict[str, Any]:
+    """The operator's command entry (core/grants.py): verify.py on
+    ``<workspaces>/<session id>/repo`` (the session's task_id names the task), for
+    ``project`` only. A project admin cannot set this; the operator's configuration does."""
     return {
-        "name": "command",
         "command": [sys.executable, str(HERE / "verify.py")],
         "timeout_s": 120,
         "env": {"SWE_WORKSPACES": str(workspaces)},
+        "projects": [project],
     }
+
+
+def operator_config(workspaces: Path, project: str) -> str:
+    """The value of the operator's RLGATE_COMMANDS holding the entry (or put it in the TOML
+    file of RLGATE_CONFIG as ``[commands.swe_verify]``), for the gateway and the worker."""
+    return json.dumps({COMMAND_ENTRY: command_entry(workspaces, project)})
+
+
+def verifier_spec() -> dict[str, Any]:
+    """The project's verifier: the ``command`` verifier running the operator's entry."""
+    return {"name": "command", "use": COMMAND_ENTRY}
 
 
 def configure_project(
     project: str, workspaces: Path, want_keys: bool, verify_worker: bool
 ) -> tuple[str | None, str | None]:
     """Create the project (and an agent + admin key when ``want_keys``) and, for
-    ``verify_worker``, set its ``command`` verifier to run verify.py. Uses rlgate's settings
+    ``verify_worker``, set its ``command`` verifier to the operator's entry. Uses rlgate's settings
     (RLGATE_DATA_DIR / RLGATE_DATABASE_URL), like ``rlgate keys create``."""
     from core.db import make_engine, session_factory, transaction
     from core.keys import create_key, ensure_project
@@ -95,11 +111,18 @@ def configure_project(
     with transaction(factory) as db:
         row = ensure_project(db, project)
         if verify_worker:
-            row.settings = {**(row.settings or {}), "verifiers": [verifier_spec(workspaces)]}
+            row.settings = {**(row.settings or {}), "verifiers": [verifier_spec()]}
         if want_keys:
             _, agent_key = create_key(db, project, "agent", name="examples/swe agent")
             _, admin_key = create_key(db, project, "admin", name="examples/swe admin")
     return agent_key, admin_key
+
+
+def _entry_granted(project: str) -> bool:
+    from core.settings import get_settings
+
+    entry = get_settings().commands.get(COMMAND_ENTRY)
+    return entry is not None and entry.allows(project)
 
 
 # ---- one task -----------------------------------------------------------------------------
@@ -259,6 +282,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--verify-timeout", type=float, default=300)
     ap.add_argument(
+        "--operator-config",
+        action="store_true",
+        help="print the operator's command entry for --verify worker and exit",
+    )
+    ap.add_argument(
         "--train",
         choices=["api", "cli", "none"],
         default="api",
@@ -279,6 +307,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.workspaces = args.workspaces.resolve()
+    if args.operator_config:
+        print(operator_config(args.workspaces, args.project))
+        return 0
+    if args.verify == "worker" and not _entry_granted(args.project):
+        log(
+            f"--verify worker runs the operator's command entry {COMMAND_ENTRY!r}, which this "
+            f"environment's rlgate settings do not grant to project {args.project!r}. Give the "
+            "gateway and the worker (and this script) this setting, then restart them:\n"
+            f"  RLGATE_COMMANDS='{operator_config(args.workspaces, args.project)}'\n"
+            "or use --verify local"
+        )
+        return 2
     tasks = list(TASKS) if args.tasks == "all" else [get_task(t) for t in args.tasks.split(",")]
     if args.agent == "mini" and not shutil.which(args.mini):
         log(f"mini-swe-agent not found at {args.mini}: pip install mini-swe-agent (see README)")
@@ -297,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         if need_keys:
             log(f"project {args.project}: admin key (dashboard login): {args.admin_key}")
         if args.verify == "worker":
-            log(f"project {args.project}: command verifier -> {HERE / 'verify.py'}")
+            log(f"project {args.project}: command verifier -> {COMMAND_ENTRY} (verify.py)")
     gw = Gateway(args.base_url, args.agent_key, args.admin_key)
     gw.health()
     args.workspaces.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ No engine is needed, so the gateway points at a closed port."""
 from __future__ import annotations
 
 import html
+import json
 import re
 import secrets
 from collections.abc import Iterator
@@ -33,14 +34,9 @@ from tests.servers import free_port, gateway
 
 ADMIN = "rlg_admin_credit_" + secrets.token_urlsafe(12)
 MODEL = "openai/gpt-4o-mini"
-JUDGE = {
-    "name": "judge",
-    "model": MODEL,
-    "mode": "session",
-    "rubric": "Be right.",
-    "calls_per_hour": 30,
-    "usd_per_hour": 0.5,
-}
+JUDGE = {"name": "judge", "judge": "mini", "mode": "session", "rubric": "Be right."}
+# the operator's entry, in the gateway's configuration
+JUDGES = json.dumps({"mini": {"model": MODEL, "calls_per_hour": 30, "usd_per_hour": 0.5}})
 RATIONALE = '<script>alert("x")</script> the <b>answer</b> is right & complete'
 
 
@@ -108,7 +104,7 @@ def client(db_url: str, tmp_path: Path) -> Iterator[httpx.Client]:
     closed_engine = f"http://127.0.0.1:{free_port()}"
     try:
         with (
-            gateway(tmp_path / "gw", db_url, closed_engine, admin_key=ADMIN) as gw,
+            gateway(tmp_path / "gw", db_url, closed_engine, admin_key=ADMIN, judges=JUDGES) as gw,
             httpx.Client(base_url=gw.url, follow_redirects=False, timeout=60) as c,
         ):
             pre = re.search(r'name="csrf" value="([^"]+)"', c.get("/admin/login").text)

@@ -25,7 +25,11 @@ from tests.rows import interaction
 from tests.servers import free_port, gateway
 
 URL = "/admin/api/projects/p1/verifiers"
-JUDGE = {"name": "judge", "model": "openai/gpt-4o-mini", "mode": "group", "rubric": "Be right."}
+JUDGE = {"name": "judge", "judge": "mini", "mode": "group", "rubric": "Be right."}
+# the operator's entry, in the gateway's configuration
+MINI = {"model": "openai/gpt-4o-mini", "calls_per_hour": 30, "usd_per_hour": 0.5}
+JUDGES = json.dumps({"mini": {**MINI, "projects": ["p1"]}, "p2s": {"model": "openai/x",
+                     "projects": ["p2"]}})  # fmt: skip
 
 
 @pytest.fixture
@@ -44,7 +48,7 @@ def admin(db_url: str, tmp_path: Path) -> Iterator[tuple[httpx.Client, Any, str]
     closed_engine = f"http://127.0.0.1:{free_port()}"
     try:
         with (
-            gateway(tmp_path / "gw", db_url, closed_engine) as gw,
+            gateway(tmp_path / "gw", db_url, closed_engine, judges=JUDGES) as gw,
             httpx.Client(
                 base_url=gw.url, headers={"Authorization": f"Bearer {key}"}, timeout=60
             ) as client,
@@ -80,12 +84,15 @@ def test_bad_judge_configuration_is_a_400_and_changes_nothing(
         return {"verifiers": ["exact_number", spec]}
 
     _refused(client, judge(mode="best-of"), "mode must be one of ['group', 'session', 'next_turn']")
-    _refused(client, judge(model=None), "verifiers[1].model is required")
+    _refused(client, judge(judge=None), "verifiers[1].judge must name one of the operator's")
+    _refused(client, judge(judge="p2s"), "[judges.p2s] is not granted to project 'p1'")
+    _refused(client, judge(model="openai/gpt-4o"), "['model'] are the operator's to set")
+    _refused(client, judge(api_base="http://127.0.0.1:1/v1"), "['api_base'] are the operator's")
     _refused(client, judge(rubric={"text": "x"}), "verifiers[1].rubric must be text")
     _refused(client, judge(rubric=7), "rubric must be text")
     _refused(client, judge(tempreature=0.5), "unknown parameters ['tempreature'] for 'judge'")
-    _refused(client, judge(api_key_env="RLGATE_ADMIN_KEY"), "RLGATE_JUDGE_<NAME>")
-    _refused(client, judge(calls_per_hour=10**9), "calls_per_hour must be an integer")
+    _refused(client, judge(api_key_env="RLGATE_ADMIN_KEY"), "['api_key_env'] are the operator's")
+    _refused(client, judge(calls_per_hour=10**9), "['calls_per_hour'] are the operator's")
     _refused(client, {"verifiers": [JUDGE, JUDGE]}, "at most once")
     _refused(client, {"verifiers": [{"name": "pydoc:pipepager"}]}, "registered verifier")
     _refused(client, {"verifiers": [JUDGE], "extra": 1}, '{"verifiers": [...]}')
@@ -109,7 +116,7 @@ def test_a_good_judge_is_stored_and_its_budget_shown(
     admin: tuple[httpx.Client, Any, str],
 ) -> None:
     client, factory, _ = admin
-    spec = {**JUDGE, "calls_per_hour": 30, "usd_per_hour": 0.5}
+    spec = {**JUDGE, "group_size": 8}
     out = r_ok(client.put(URL, json={"verifiers": ["exact_number", spec]}))
     assert out["verifiers"] == [{"name": "exact_number"}, spec]
     stored = _stored(factory)
@@ -119,14 +126,14 @@ def test_a_good_judge_is_stored_and_its_budget_shown(
         for outcome, cost in (("ok", 0.01), ("unparsable", None), ("budget", None)):
             db.add(
                 JudgeCallRow(
-                    id=f"jc_{outcome}", project_id="p1", mode="group", model=spec["model"],
+                    id=f"jc_{outcome}", project_id="p1", mode="group", model=MINI["model"],
                     outcome=outcome, attempt=1, cost_usd=cost, created_at=utcnow(),
                 )
             )  # fmt: skip
         db.commit()
     judge = r_ok(client.get(URL))["judge"]
     assert (judge["model"], judge["mode"], judge["calls_per_hour"], judge["usd_per_hour"]) == (
-        spec["model"],
+        MINI["model"],
         "group",
         30,
         0.5,

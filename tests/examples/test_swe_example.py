@@ -76,8 +76,9 @@ def test_verify_script_exit_status(tmp_path):
     assert verify("--task", "clamp") == 2  # no workspace named
 
 
-def test_project_command_verifier_rates_the_workspace(tmp_path):
-    """run.py's project settings + rlgate's verifier code (what the Celery task runs)."""
+def test_project_command_verifier_rates_the_workspace(tmp_path, monkeypatch):
+    """run.py's project settings and the operator's entry it prints + rlgate's verifier
+    code (what the verify task runs)."""
     from core.db import make_engine, session_factory
     from core.migrate import upgrade
     from core.settings import get_settings
@@ -87,6 +88,9 @@ def test_project_command_verifier_rates_the_workspace(tmp_path):
     upgrade(url)
     run = _load("run")
     workspaces = tmp_path / "workspaces"
+    assert run.main(["--workspaces", str(workspaces)]) == 2  # not granted: says how, exits
+    monkeypatch.setenv("RLGATE_COMMANDS", run.operator_config(workspaces, "swe"))
+    get_settings.cache_clear()
     agent_key, admin_key = run.configure_project("swe", workspaces, True, True)
     assert agent_key and agent_key.startswith("rlg_") and admin_key
 
