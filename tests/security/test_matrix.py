@@ -1,0 +1,300 @@
+"""Issue 26's security matrix: for every setting an admin route writes and every key kind,
+no key can make rlgate run a program, call an address, spend or read a credential, or
+change another project. Only the operator's configuration grants those
+(core/grants.py, docs/security.md).
+
+A real gateway on PostgreSQL (no engine is needed for settings), with the operator's
+entries in its configuration, and one key of every kind. Every refused write changes
+nothing (settings and audit log compared before and after). The last test runs a real
+``rlgate worker`` on specs stored before operator grants existed (the way findings 1, 2
+and 5 were exploited) and shows it runs none of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from core.db import make_engine, session_factory, transaction
+from core.keys import create_key, ensure_project
+from core.migrate import upgrade
+from core.settings import get_settings
+from schemas.coltypes import utcnow
+from schemas.convert import to_row
+from schemas.tables import AuditEventRow, FeedbackRow, ProjectRow
+from tests.rows import interaction, session
+from tests.servers import REPO, free_port, gateway
+from trainer.hooks import on_session_closed
+
+pytestmark = pytest.mark.timeout(300)
+
+BOOTSTRAP = "rlg_bootstrap_" + secrets.token_urlsafe(12)
+COMMANDS = {"ok": {"command": "true"}, "p2_only": {"command": "true", "projects": ["p2"]}}
+JUDGES = {"mini": {"model": "openai/mini"}, "p2_judge": {"model": "openai/x", "projects": ["p2"]}}
+GOOD_VERIFIERS = [{"name": "command", "use": "ok"}, {"name": "judge", "judge": "mini"}]
+
+# what a project admin might send to make rlgate run, call or spend something
+VERIFIER_ATTACKS: dict[str, Any] = {  # the first nine were accepted before (issue 26)
+    "a shell command": {"name": "command", "command": "id > /tmp/pwned"},
+    "an argv program": {"name": "command", "command": ["/bin/sh", "-c", "id"]},
+    "a cwd and env": {"name": "command", "command": "true", "cwd": "/", "env": {"LD_PRELOAD": "x"}},
+    "a longer command timeout": {"name": "command", "command": "true", "timeout_s": 3600},
+    "a judge URL (SSRF)": {"name": "judge", "model": "openai/x", "api_base": "http://127.0.0.1:1/v1?"},
+    "a key variable": {"name": "judge", "model": "openai/x", "api_base": "http://127.0.0.1:1/v1",
+                       "api_key_env": "RLGATE_JUDGE_OPENAI"},
+    "a provider (its credential)": {"name": "judge", "model": "anthropic/claude-x"},
+    "the judge caps": {"name": "judge", "model": "openai/x", "timeout_s": 600, "retries": 5,
+                       "calls_per_hour": 100000, "usd_per_hour": 1e4},
+    "caps over an entry": {"name": "judge", "judge": "mini", "seconds_per_hour": 1e6},
+    "another project's command": {"name": "command", "use": "p2_only"},
+    "an unknown command entry": {"name": "command", "use": "rm"},
+    "another project's judge": {"name": "judge", "judge": "p2_judge"},
+    "a module to import": {"name": "os:system"},
+}  # fmt: skip
+PROMPTS = [{"prompt": "2+2?", "expected": "4"}]
+TRAINING_ATTACKS: dict[str, Any] = {
+    "a gate verifier module": {"eval_gate": {"enabled": True, "verifier": "pydoc:pipepager",
+                                             "prompts": PROMPTS}},
+    "a gate command": {"eval_gate": {"enabled": True, "verifier": "command", "command": "id",
+                                     "prompts": PROMPTS}},
+    "a model path": {"model_path": "/etc"},
+    "an engine URL": {"engine_url": "http://127.0.0.1:1"},
+    "an adapter dir": {"adapter_dir": "/tmp"},
+}  # fmt: skip
+
+
+@dataclass
+class Stack:
+    url: str
+    factory: Any
+    keys: dict[str, str | None]  # key kind -> secret
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    from tests.conftest import PG_BASE, _admin_conn
+
+    name = f"rlgate_test_{secrets.token_hex(6)}"
+    with _admin_conn() as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = f"{PG_BASE}/{name}"
+    upgrade(url)
+    engine = make_engine(url)
+    factory = session_factory(engine)
+    with transaction(factory) as db:
+        ensure_project(db, "p1").settings = {"verifiers": ["exact_number"]}
+        ensure_project(db, "p2").settings = {"verifiers": ["contains"]}
+        db.flush()
+        keys: dict[str, str | None] = {"bootstrap admin": BOOTSTRAP, "no key": None}
+        for kind in ("admin", "agent", "feedback"):
+            keys[f"project {kind}"] = create_key(db, "p1", kind)[1]
+    grants = {"commands": json.dumps(COMMANDS), "judges": json.dumps(JUDGES)}
+    tmp = tmp_path_factory.mktemp("matrix")
+    try:
+        with gateway(
+            tmp / "gw", url, f"http://127.0.0.1:{free_port()}", admin_key=BOOTSTRAP, **grants
+        ) as gw:
+            r = httpx.post(
+                gw.url + "/v1/sessions",
+                headers={"Authorization": f"Bearer {keys['project agent']}"},
+                json={},
+                timeout=30,
+            )
+            assert r.status_code == 201, r.text
+            keys["per-session"] = r.json()["api_key"]
+            yield Stack(gw.url, factory, keys)
+    finally:
+        engine.dispose()
+        with _admin_conn() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _state(stack: Stack) -> tuple[Any, ...]:
+    with stack.factory() as db:
+        settings = {p.id: p.settings for p in db.scalars(select(ProjectRow)).all()}
+        audits = db.scalar(select(func.count()).select_from(AuditEventRow))
+    return settings, audits
+
+
+def _call(stack: Stack, kind: str, method: str, path: str, body: Any) -> httpx.Response:
+    key = stack.keys[kind]
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.request(method, stack.url + path, headers=headers, json=body, timeout=30)
+
+
+ADMINS = ("bootstrap admin", "project admin")
+OTHERS = ("project agent", "project feedback", "per-session", "no key")
+
+
+@pytest.mark.parametrize("kind", ADMINS + OTHERS)
+@pytest.mark.parametrize("attack", list(VERIFIER_ATTACKS))
+def test_no_key_can_grant_a_program_an_address_or_a_credential(
+    stack: Stack, kind: str, attack: str
+) -> None:
+    before = _state(stack)
+    body = {"verifiers": [VERIFIER_ATTACKS[attack]]}
+    r = _call(stack, kind, "PUT", "/admin/api/projects/p1/verifiers", body)
+    if kind in ADMINS:
+        assert r.status_code == 400, r.text
+        assert "verifiers not changed" in r.json()["error"]["message"]
+    else:
+        assert r.status_code in (401, 403), r.text
+    assert _state(stack) == before
+
+
+@pytest.mark.parametrize("kind", ADMINS)
+@pytest.mark.parametrize("attack", list(TRAINING_ATTACKS))
+def test_training_settings_name_no_code_path_or_address(
+    stack: Stack, kind: str, attack: str
+) -> None:
+    before = _state(stack)
+    r = _call(stack, kind, "PATCH", "/admin/api/projects/p1/training", TRAINING_ATTACKS[attack])
+    assert r.status_code == 400, r.text
+    assert _state(stack) == before
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("PUT", "/admin/api/projects/p2/verifiers", {"verifiers": GOOD_VERIFIERS}),
+        ("PATCH", "/admin/api/projects/p2/training", {"epochs": 2}),
+        ("POST", "/admin/api/actions/pause", {"project_id": "p2"}),
+        ("POST", "/admin/api/actions/train-now", {"project_id": "p2"}),
+        ("POST", "/admin/api/keys", {"project_id": "p2", "kind": "admin"}),
+        ("GET", "/admin/api/projects/p2/verifiers", None),
+    ],
+)
+def test_a_project_admin_cannot_touch_another_project(
+    stack: Stack, method: str, path: str, body: Any
+) -> None:
+    before = _state(stack)
+    r = _call(stack, "project admin", method, path, body)
+    assert r.status_code in (403, 404), r.text
+    assert _state(stack) == before
+
+
+def test_what_admins_may_set_and_what_they_see(stack: Stack) -> None:
+    """The operator's entries by name work; reading them back shows no operator secret."""
+    r = _call(stack, "project admin", "PUT", "/admin/api/projects/p1/verifiers",
+              {"verifiers": GOOD_VERIFIERS})  # fmt: skip
+    assert r.status_code == 200, r.text
+    shown = json.dumps(_call(stack, "project admin", "GET", "/admin/api/projects/p1/verifiers",
+                             None).json())  # fmt: skip
+    assert "api_key_env" not in shown and "RLGATE_" not in shown
+    # the bootstrap admin reaches p2, but only with p2's own grants
+    r = _call(stack, "bootstrap admin", "PUT", "/admin/api/projects/p2/verifiers",
+              {"verifiers": [{"name": "command", "use": "p2_only"}]})  # fmt: skip
+    assert r.status_code == 200, r.text
+
+
+def test_session_metadata_cannot_choose_or_configure_a_verifier_program(stack: Stack) -> None:
+    """An agent key writes session metadata: it may name a verifier, never what it runs."""
+    from trainer.verifiers import configured_verifiers
+
+    evil = {"name": "judge", "judge": "mini", "api_base": "http://evil/v1"}
+    meta = {"verifiers": [{"name": "command", "use": "ok"}, evil]}
+    r = _call(stack, "project agent", "POST", "/v1/sessions", {"metadata": meta})
+    assert r.status_code == 201, r.text
+    assert configured_verifiers({}, r.json().get("metadata") or meta) == []
+
+
+# ---- what a real worker does with specs stored before the change -----------------------
+
+
+class Canary(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Record)
+        self.seen: list[str] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Record(BaseHTTPRequestHandler):
+    server: Canary
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.server.seen.append(f"{self.path} {self.headers.get('Authorization')}")
+        self.send_response(500)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_a_real_worker_runs_no_stored_program_url_or_key(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    listener = Canary()
+    threading.Thread(target=listener.serve_forever, daemon=True).start()
+    pwned = tmp_path / "pwned"
+    upgrade(pg_url)
+    engine = make_engine(pg_url)
+    factory = session_factory(engine)
+    broker = f"redis://127.0.0.1:6379/{os.environ.get('RLGATE_TEST_MATRIX_REDIS_DB', '13')}"
+    secret = "sk-OPERATOR-judge-" + secrets.token_hex(4)
+    env = {"RLGATE_DATABASE_URL": pg_url, "RLGATE_BROKER_URL": broker,
+           "RLGATE_JUDGE_OPENAI": secret, "RLGATE_VERIFY_WORKERS": "1"}  # fmt: skip
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    get_settings.cache_clear()
+    legacy = [  # the specs of findings 1, 2 and 5, as the old admin API stored them
+        {"name": "command", "command": f"id > {pwned}; env >> {pwned}"},
+        {"name": "judge", "model": "openai/x", "api_base": listener.url + "/v1?",
+         "api_key_env": "RLGATE_JUDGE_OPENAI"},
+        {"name": "contains"},  # still valid: shows the worker ran this session's task
+    ]  # fmt: skip
+    with transaction(factory) as db:
+        ensure_project(db, "p1").settings = {"verifiers": legacy}
+        db.add(to_row(session("s1", "p1", status="closed", closed_at=utcnow(),
+                              metadata={"expected": "42"})))  # fmt: skip
+        db.flush()
+        db.add(to_row(interaction("s1-0", "s1", 0, "42")))
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as fh:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "rlgate.cli", "worker", "-n", f"mx-{secrets.token_hex(3)}@%h"],
+            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO),
+                           "RLGATE_DATA_DIR": str(tmp_path / "w")},
+            stdout=fh, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        assert on_session_closed(factory, "s1") is True
+        deadline = time.monotonic() + 120
+        fb: list[FeedbackRow] = []
+        while not fb and time.monotonic() < deadline:
+            with factory() as db:
+                fb = list(db.scalars(select(FeedbackRow)).all())
+            time.sleep(0.5)
+        assert [(f.rater, f.reward) for f in fb] == [("contains", 1.0)], log.read_text()[-3000:]
+        time.sleep(2)  # anything else the task would have done is done
+        assert not pwned.exists()
+        assert listener.seen == []
+        assert "verifier not run" in log.read_text()
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+        listener.shutdown()
+        engine.dispose()
