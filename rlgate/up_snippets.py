@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rlgate.up import PACKAGED_MAX_TOKENS
 from rlgate.up_clients import ClientFiles
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ def training_note(cfg: TrainConfig, rlgate: str, project: str, data_dir: Path) -
     """When the trainer runs (the project's own trigger settings), and how to run it now."""
     return (
         f"  training:              when {cfg.threshold} rated answers wait, or every "
-        f"{cfg.schedule_minutes:g} minutes once {cfg.min_samples} wait(s)\n"
+        f"{cfg.schedule_minutes:g} minutes (with at least {cfg.min_samples} waiting)\n"
         f"  train now:             {env_prefix(data_dir)} {rlgate} train --project "
         f"{shlex.quote(project)}\n"
     )
@@ -69,8 +70,8 @@ def _clients(files: ClientFiles | None, agent_key: str) -> str:
     oc_home = shlex.quote(str(files.openclaw_home))
     return f"""
   Codex (npm install -g @openai/codex; config written to {files.codex_config},
-  its prompt trimmed to fit a short context; Codex sends no output limit, so answers stop
-  at RLGATE_DEFAULT_MAX_TOKENS):
+  its prompt trimmed to fit a short context; Codex sends no output limit, so answers
+  stop at RLGATE_DEFAULT_MAX_TOKENS, {PACKAGED_MAX_TOKENS} with the packaged model):
 CODEX_HOME={codex_home} RLGATE_API_KEY={agent_key} codex exec --skip-git-repo-check "Say hi."
 
   OpenClaw (npm install -g openclaw, Node >= 24.16; config written to
