@@ -115,6 +115,12 @@ class Pipeline:
             )
             self._context_checked = True
 
+    async def context_length(self) -> int:
+        """The tokens prompt and answer share: the model's, or the engines' own if smaller
+        (what `/v1/models` reports)."""
+        await self._ensure_context()
+        return self.renderer.context_length
+
     # ---- before generation -----------------------------------------------------------
 
     async def prompt_ids(self, req: GenerationRequest) -> list[int]:

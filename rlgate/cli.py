@@ -46,8 +46,18 @@ def version() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @clean_errors
 def config(as_json: bool) -> None:
-    """Print the effective settings (secrets masked)."""
-    values = load_settings().masked()
+    """Print the effective settings (secrets masked); exit 2 on settings that cannot work
+    (a malformed value, an unsupported or malformed database URL, an unknown tool
+    parser), as every command. It does not connect to the database."""
+    from core.db import normalize_url
+    from core.settings import ConfigError
+    from gateway.parsing import TOOL_PARSERS
+
+    settings = load_settings()
+    normalize_url(settings.effective_database_url)  # ConfigError: one line, exit 2
+    if settings.tool_parser and settings.tool_parser not in TOOL_PARSERS:  # as the gateway
+        raise ConfigError(f"RLGATE_TOOL_PARSER must be one of {', '.join(TOOL_PARSERS)}")
+    values = settings.masked()
     if as_json:
         click.echo(json.dumps(values, indent=2))
         return
@@ -214,6 +224,12 @@ def gateway(host: str | None, port: int | None) -> None:
 )
 @click.option("--no-trainer", is_flag=True, help="Do not start the training worker.")
 @click.option(
+    "--new-keys",
+    is_flag=True,
+    help="Revoke the agent and admin keys kept in <data dir>/up-keys.json and mint new "
+    "ones (without it, a start reuses them while they are valid).",
+)
+@click.option(
     "--engine",
     "engine_kind",
     type=click.Choice(["embedded", "sglang"]),
@@ -248,6 +264,7 @@ def up(
     port: int | None,
     engine_port: int | None,
     no_trainer: bool,
+    new_keys: bool,
     engine_kind: str | None,
     engines: int,
     gateways: int,
@@ -255,11 +272,17 @@ def up(
 ) -> None:
     """Run the embedded default: SQLite, an engine, gateway, trainer. Ctrl-C stops.
 
+    The agent and admin keys it prints are kept in <data dir>/up-keys.json (mode 0600)
+    and reused by the next start while valid; --new-keys replaces them. A gateway or
+    engine port already in use is refused (exit 2) before anything starts. Ready-to-use
+    Codex and OpenClaw configurations are written under <data dir>/clients/.
+
     Several gateways or workers need RLGATE_DATABASE_URL (PostgreSQL) and
     RLGATE_BROKER_URL (Redis or RabbitMQ): SQLite and the embedded broker serve one
     process only. Every gateway and worker is given every engine's URL.
     """
-    from rlgate.up import Shape, run_up
+    from rlgate.up import Shape
+    from rlgate.up_run import run_up
 
     settings = load_settings()
     if engine_kind:
@@ -270,6 +293,7 @@ def up(
         engine_port or settings.engine_port,
         trainer=not no_trainer,
         shape=Shape(engines, gateways, 1 if no_trainer else workers),
+        new_keys=new_keys,
     )
 
 

@@ -2,8 +2,11 @@
 
 Migrates the SQLite database, starts the embedded engine with the packaged model, the
 gateway and a Celery worker with its schedule on the
-embedded broker; prints the base URL, fresh keys and copy-paste snippets. Ctrl-C stops
-everything. Each process logs to ``<data dir>/logs/``.
+embedded broker; prints the base URL, the keys (kept in ``<data dir>/up-keys.json`` and
+reused while valid, rlgate/up_keys.py), when training runs and copy-paste snippets
+(rlgate/up_snippets.py), and writes Codex and OpenClaw configurations under
+``<data dir>/clients/`` (rlgate/up_clients.py). A port already taken is refused before
+anything starts. Ctrl-C stops everything. Each process logs to ``<data dir>/logs/``.
 
 ``--engines N --gateways M --workers W`` start N engines on consecutive ports from the
 engine port, M gateways on consecutive ports from the gateway port and W workers (the
@@ -24,6 +27,7 @@ import contextlib
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,7 +37,7 @@ from pathlib import Path
 import click
 import httpx
 
-from core.settings import Settings
+from core.settings import ConfigError, Settings
 from rlgate.up_sglang import sglang_command
 
 
@@ -109,66 +113,6 @@ def _stop(children: list[Child]) -> None:
 
 
 PACKAGED_MAX_TOKENS = 512  # output cap for requests naming none, with the packaged model
-
-
-def first_call(base: str, agent_key: str, model: str) -> str | None:
-    """One real chat call at start, so the feedback snippet rates a real answer; its id,
-    or None when it failed (the snippet then says the id is a placeholder)."""
-    try:
-        r = httpx.post(
-            f"{base}/v1/chat/completions",
-            headers={"Authorization": f"Bearer {agent_key}"},
-            json={
-                "model": model,
-                "messages": [{"role": "user", "content": "Say hello."}],
-                "max_tokens": 16,
-            },
-            timeout=120,
-        )
-        r.raise_for_status()
-        return str(r.json()["id"])
-    except (httpx.HTTPError, ValueError, KeyError) as e:
-        click.echo(f"the first test call failed ({e}); see the gateway log", err=True)
-        return None
-
-
-def snippets(base: str, agent_key: str, model: str, call_id: str | None = None) -> str:
-    if call_id:
-        rate = '(the call rlgate up made at start; for yours, use its response\'s "id")'
-    else:
-        rate = '(replace chatcmpl-... with a response\'s "id")'
-        call_id = "chatcmpl-..."
-    return f"""
-  OpenAI SDK (Python):
-    from openai import OpenAI
-    client = OpenAI(base_url="{base}/v1", api_key="{agent_key}")
-    print(client.chat.completions.create(model="{model}",
-          messages=[{{"role": "user", "content": "Hello!"}}]).choices[0].message.content)
-
-  curl:
-    curl {base}/v1/chat/completions -H "Authorization: Bearer {agent_key}" \\
-      -H "Content-Type: application/json" \\
-      -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
-
-  Claude Code (its default prompt, 21-31k tokens, needs a long-context policy; with the
-  packaged model, whose context is short, use a short one):
-    ANTHROPIC_BASE_URL={base} ANTHROPIC_AUTH_TOKEN={agent_key} claude -p --bare \
-      --system-prompt "You are a helpful assistant." --tools "" "Hello!"
-
-  OpenClaw (custom OpenAI-compatible provider in its config; its default ~15k-token
-  prompt needs a long-context policy, docs/clients/openclaw.json trims it to ~2k):
-    baseUrl: {base}/v1    apiKey: {agent_key}    model: {model}
-
-  Codex (~/.codex/config.toml; docs/clients/codex-config.toml trims its prompt; Codex
-  sends no output limit, so answers stop at RLGATE_DEFAULT_MAX_TOKENS, {PACKAGED_MAX_TOKENS} here):
-    [model_providers.rlgate] base_url = "{base}/v1", wire_api = "responses",
-    env_key = "RLGATE_API_KEY" (= {agent_key}); web_search = "disabled"
-
-  Rate an answer {rate}:
-    curl {base}/feedback -H "Authorization: Bearer {agent_key}" \\
-      -H "Content-Type: application/json" \\
-      -d '{{"interaction_id": "{call_id}", "value": 1, "scale": "binary"}}'
-"""
 
 
 @dataclass
@@ -249,6 +193,31 @@ def check_shape(settings: Settings, port: int, engine_port: int, n: Shape) -> No
         )
 
 
+def _port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now (as uvicorn does, with
+    SO_REUSEADDR: a port that only has connections in TIME_WAIT is free)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def check_ports(settings: Settings, port: int, engine_port: int, n: Shape) -> None:
+    """Refuse, in one line (exit 2), a gateway or engine port that is already taken."""
+    wanted = [("--port", "gateway", settings.gateway_host, port + i) for i in range(n.gateways)]
+    wanted += [("--engine-port", "engine", "127.0.0.1", engine_port + i) for i in range(n.engines)]
+    for flag, what, host, p in wanted:
+        if not _port_free(host, p):
+            raise ConfigError(
+                f"port {p} ({what}, {host}) is already in use; stop what listens there or "
+                f"choose another with {flag}"
+            )
+
+
 def _name(kind: str, i: int, n: int) -> str:
     return kind if n == 1 else f"{kind}{i + 1}"
 
@@ -273,6 +242,7 @@ def launch(
     """Start the embedded stack on a migrated database; stops what started on failure."""
     shape = shape or Shape()
     check_shape(settings, port, engine_port, shape)
+    check_ports(settings, port, engine_port, shape)
     data_dir = settings.data_dir.resolve()
     logs = data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -341,61 +311,3 @@ def launch(
         _stop(children)
         raise
     return Stack(children, bases, engine_urls, logs, trainer_note)
-
-
-def _more_gateways(bases: list[str]) -> str:
-    """The other gateways' base URLs (they serve the same API, keys and data)."""
-    if len(bases) < 2:
-        return ""
-    return f"  other gateways:        {', '.join(b + '/v1' for b in bases[1:])}\n"
-
-
-def run_up(
-    settings: Settings, port: int, engine_port: int, trainer: bool, shape: Shape | None = None
-) -> None:
-    from core import migrate as mig
-    from core.db import make_engine, session_factory, transaction
-    from core.keys import create_key
-
-    shape = shape or Shape()
-    check_shape(settings, port, engine_port, shape)  # before anything is written
-    data_dir = settings.data_dir.resolve()
-    url = settings.effective_database_url
-    click.echo(f"rlgate up: data in {data_dir}", err=True)
-    mig.upgrade(url)
-    factory = session_factory(make_engine(url))
-    with transaction(factory) as db:
-        _, agent_key = create_key(db, settings.default_project, "agent", name="rlgate up")
-        _, admin_key = create_key(db, settings.default_project, "admin", name="rlgate up")
-
-    stopping = False
-
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    stack = launch(settings, port, engine_port, trainer, shape=shape)
-    try:
-        model = settings.served_model_name
-        call_id = first_call(stack.base, agent_key, model)
-        click.echo(f"""
-rlgate is up.
-  base_url (OpenAI):     {stack.base}/v1
-  base_url (Anthropic):  {stack.base}
-  agent key:             {agent_key}
-  admin key:             {admin_key}
-  admin dashboard:       {stack.base}/admin   (log in with the admin key)
-{_more_gateways(stack.bases)}  engine(s):             {", ".join(stack.engine_urls)}
-  {stack.trainer_note}
-  logs:                  {stack.logs}
-{snippets(stack.base, agent_key, model, call_id)}
-Press Ctrl-C to stop.""")
-        while not stopping:
-            stack.check_alive()
-            time.sleep(0.5)
-        click.echo("\nstopping ...", err=True)
-    finally:
-        stack.stop()
-    click.echo("stopped.", err=True)

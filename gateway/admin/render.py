@@ -36,11 +36,26 @@ def _when(value: Any) -> str:
 
 
 def _num(value: Any, digits: int = 3) -> str:
+    """``digits`` significant digits; no exponent between 1e-4 and 1e9 (a latency of
+    5240.3 ms is ``5240``, not ``5.24e+03``)."""
     if value is None:
         return "–"
     if isinstance(value, float):
-        return f"{value:.{digits}g}" if abs(value) < 1e5 else f"{value:.3e}"
+        if value != value or value in (float("inf"), float("-inf")):
+            return str(value)
+        size = abs(value)
+        if size >= 1e9 or (0 < size < 1e-4):
+            return f"{value:.{max(digits - 1, 0)}e}"
+        if size >= 10 ** (digits - 1):  # as many digits as the integer part has
+            return f"{value:.0f}"
+        return f"{value:.{digits}g}"
     return str(value)
+
+
+def _plural(n: Any, word: str, many: str | None = None) -> str:
+    """``1 interaction``, ``2 interactions`` (``many``: an irregular plural)."""
+    count = len(n) if isinstance(n, list | tuple | dict) else n
+    return f"{count} {word if count == 1 else (many or word + 's')}"
 
 
 def _dur(seconds: float | None) -> str:
@@ -60,7 +75,7 @@ def _qs(args: Any, **override: Any) -> str:
     return urllib.parse.urlencode(merged)
 
 
-env.filters.update(when=_when, num=_num, dur=_dur, tokbg=_tok_bg)
+env.filters.update(when=_when, num=_num, dur=_dur, tokbg=_tok_bg, plural=_plural)
 env.globals["qs"] = _qs
 env.globals["json_dumps"] = lambda v: json.dumps(queries.jsonable(v), indent=2, ensure_ascii=False)
 

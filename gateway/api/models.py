@@ -1,5 +1,9 @@
 """The model list, in OpenAI's format or, asked with ``anthropic-version`` (Claude Code, the
-Anthropic SDK), in Anthropic's. Any model name is served by the policy, so any resolves."""
+Anthropic SDK), in Anthropic's. Any model name is served by the policy, so any resolves.
+
+An OpenAI-format entry carries the policy's context length (the tokens prompt and answer
+share) as ``context_length`` (the name OpenRouter's model list uses) and as
+``max_model_len`` (vLLM's and SGLang's)."""
 
 from __future__ import annotations
 
@@ -17,8 +21,16 @@ def wants_anthropic(request: Request) -> bool:
     return "anthropic-version" in request.headers
 
 
-def _openai_model(name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "rlgate"}
+async def _openai_model(request: Request, name: str) -> dict[str, Any]:
+    ctx = await gw_of(request).pipeline.context_length()
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "rlgate",
+        "context_length": ctx,
+        "max_model_len": ctx,
+    }
 
 
 @router.get("/v1/models")
@@ -28,7 +40,7 @@ async def models(request: Request) -> dict[str, Any]:
     await principal(request)
     if wants_anthropic(request):
         return models_body(name)
-    return {"object": "list", "data": [_openai_model(name)]}
+    return {"object": "list", "data": [await _openai_model(request, name)]}
 
 
 @router.get("/v1/models/{model_id:path}")
@@ -37,4 +49,4 @@ async def model(model_id: str, request: Request) -> dict[str, Any]:
     await principal(request)
     if wants_anthropic(request):
         return model_entry(model_id)
-    return _openai_model(model_id)
+    return await _openai_model(request, model_id)

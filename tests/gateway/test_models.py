@@ -25,3 +25,17 @@ def test_models_openai_and_anthropic_formats(stack):
     assert bad.status_code == 401
     assert bad.json()["type"] == "error"
     assert bad.json()["error"]["type"] == "authentication_error"
+
+
+def test_models_report_the_context_length(stack):
+    """OpenAI-format entries carry the policy's context (the engine's --context-length
+    here, smaller than the model's own) as ``context_length`` and vLLM's ``max_model_len``."""
+    from tests.gateway.conftest import ENGINE_CONTEXT
+
+    headers = {"Authorization": f"Bearer {stack.key()}"}
+    listed = httpx.get(stack.gw.url + "/v1/models", headers=headers).json()["data"][0]
+    one = httpx.get(stack.gw.url + "/v1/models/gpt-5", headers=headers).json()
+    for entry in (listed, one):
+        assert entry["context_length"] == ENGINE_CONTEXT, entry
+        assert entry["max_model_len"] == ENGINE_CONTEXT, entry
+    assert one["id"] == "gpt-5"

@@ -87,3 +87,28 @@ def test_bad_config_is_one_clear_line(env, message):
 def test_keys_before_migrate_says_what_to_do():
     out = rlgate("keys", "list")
     assert out.returncode == 2 and "run `rlgate migrate` first" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        ({"RLGATE_DATABASE_URL": "mysql://root@localhost/x"}, "scheme 'mysql' is not supported"),
+        ({"RLGATE_DATABASE_URL": "not a url"}, "is not a URL"),
+        ({"RLGATE_GATEWAY_PORT": "eighty"}, "invalid settings"),
+        ({"RLGATE_TOOL_PARSER": "nope"}, "RLGATE_TOOL_PARSER must be one of"),
+    ],
+)
+def test_config_validates_like_every_command(env, message):
+    """`rlgate config` shows settings, and refuses the same ones the other commands do
+    (without connecting: an unreachable database is still shown)."""
+    for args in (("config",), ("config", "--json")):
+        out = rlgate(*args, env=env)
+        assert out.returncode == 2, (args, out.stdout)
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("rlgate: error: ") and message in lines[0]
+        assert out.stdout == ""
+
+
+def test_config_does_not_connect():
+    unreachable = rlgate("config", env={"RLGATE_DATABASE_URL": "postgresql://u@127.0.0.1:1/x"})
+    assert unreachable.returncode == 0 and "postgresql://u@127.0.0.1:1/x" in unreachable.stdout

@@ -1,7 +1,9 @@
 """`rlgate up`, the README's first command: it starts the embedded stack, and the snippets
-it prints work when pasted (the OpenAI SDK one is executed as printed, the curl ones are
-run with the printed key, the feedback one with the real response id); Ctrl-C stops every
-process it started. Real engine with the packaged model, real Celery worker."""
+it prints work when pasted (each is run by bash exactly as printed: the OpenAI SDK heredoc,
+the curl ones with the printed key, the feedback one with the real response id); the
+Codex and OpenClaw configurations it writes point at it; Ctrl-C stops every process it
+started; a restart prints and accepts the same keys. Real engine with the packaged model,
+real Celery worker."""
 
 from __future__ import annotations
 
@@ -15,37 +17,16 @@ import time
 
 import httpx
 
+from tests.rlgate.test_up_snippets import block as _block
 from tests.servers import MODEL_CACHE, REPO, free_port
 
 
-def _block(text: str, title: str) -> str:
-    """The indented lines under ``title`` in the printed snippets, dedented."""
-    lines = text.split(title, 1)[1].splitlines()[1:]
-    block = []
-    for line in lines:
-        if not line.strip():
-            break
-        block.append(line[4:])
-    return "\n".join(block)
-
-
-def test_up_prints_working_snippets_and_stops_cleanly(tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "models").symlink_to(MODEL_CACHE / "models")  # no second conversion
-    port, engine_port = free_port(), free_port()
+def _start(tmp_path, data, port, engine_port, *flags: str) -> tuple[subprocess.Popen, str]:
+    """`rlgate up` as a user runs it; its output up to "Press Ctrl-C to stop."."""
     env = {**os.environ, "RLGATE_DATA_DIR": str(data), "PYTHONPATH": str(REPO)}
+    args = ["up", "--port", str(port), "--engine-port", str(engine_port), *flags]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rlgate.cli",
-            "up",
-            "--port",
-            str(port),
-            "--engine-port",
-            str(engine_port),
-        ],
+        [sys.executable, "-m", "rlgate.cli", *args],
         env=env,
         cwd=tmp_path,
         stdout=subprocess.PIPE,
@@ -53,24 +34,73 @@ def test_up_prints_working_snippets_and_stops_cleanly(tmp_path):
         text=True,
     )
     out = ""
+    deadline = time.monotonic() + 600
+    while "Press Ctrl-C to stop." not in out:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        if not line and proc.poll() is not None:
+            raise AssertionError(f"rlgate up exited:\n{out}")
+        out += line
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(out)
+    return proc, out
+
+
+def _stop(proc: subprocess.Popen, out: str) -> str:
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    out += rest
+    assert proc.returncode == 0, out
+    assert "stopped." in out
+    return out
+
+
+def test_up_prints_working_snippets_and_stops_cleanly(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "models").symlink_to(MODEL_CACHE / "models")  # no second conversion
+    port, engine_port = free_port(), free_port()
+    proc, out = _start(tmp_path, data, port, engine_port)
     try:
-        deadline = time.monotonic() + 600
-        while "Press Ctrl-C to stop." not in out:
-            line = proc.stdout.readline()  # type: ignore[union-attr]
-            assert line or proc.poll() is None, f"rlgate up exited:\n{out}"
-            out += line
-            assert time.monotonic() < deadline, out
         base = re.search(r"base_url \(OpenAI\):\s+(\S+)", out).group(1)  # type: ignore[union-attr]
         key = re.search(r"agent key:\s+(\S+)", out).group(1)  # type: ignore[union-attr]
         assert base == f"http://127.0.0.1:{port}/v1" and key.startswith("rlg_agent_")
 
-        # the OpenAI SDK snippet, run exactly as printed
-        code = _block(out, "OpenAI SDK (Python):")
-        sdk = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
-        )
+        # the OpenAI SDK snippet (a heredoc for rlgate's own Python), run as printed
+        code = _block(out, "OpenAI SDK (Python")
+        assert code.startswith("/") and not code.splitlines()[1][0].isspace()
+        sdk = subprocess.run(["bash", "-c", code], capture_output=True, text=True, timeout=300)
         assert sdk.returncode == 0, sdk.stderr
         assert sdk.stdout.strip()
+
+        # where rlgate lives, when it trains, and how to train now
+        rlgate = re.search(r"rlgate command:\s+(\S+)", out).group(1)  # type: ignore[union-attr]
+        assert os.access(rlgate, os.X_OK), out
+        from trainer.config import TrainConfig
+
+        cfg = TrainConfig()  # the trainer's defaults, as the project has no overrides
+        when = f"when {cfg.threshold} rated answers wait, or every {cfg.schedule_minutes:g} minutes"
+        assert re.search(rf"training:\s+{when}", out), out
+        assert re.search(
+            r"train now:\s+RLGATE_DATA_DIR=\S+ \S+/rlgate train --project default", out
+        )
+        assert re.search(r"model:\s+rlgate-policy \(\d+-token context\)", out), out
+
+        # the Codex and OpenClaw configurations point at this gateway
+        import tomllib
+
+        codex_home = re.search(r"CODEX_HOME=(\S+)", out).group(1)  # type: ignore[union-attr]
+        codex = tomllib.loads((data / "clients" / "codex" / "config.toml").read_text())
+        assert codex_home == str(data.resolve() / "clients" / "codex")
+        assert codex["model_providers"]["rlgate"]["base_url"] == base
+        oc_home = re.search(r"OPENCLAW_HOME=(\S+)", out).group(1)  # type: ignore[union-attr]
+        oc = json.loads((data / "clients" / "openclaw" / ".openclaw" / "openclaw.json").read_text())
+        assert oc_home == str(data.resolve() / "clients" / "openclaw")
+        assert oc["models"]["providers"]["rlgate"]["apiKey"] == key
+        models = httpx.get(base + "/models", headers={"Authorization": f"Bearer {key}"}).json()
+        ctx = models["data"][0]["context_length"]
+        assert codex["model_context_window"] == ctx
+        assert oc["models"]["providers"]["rlgate"]["models"][0]["contextWindow"] == ctx
 
         # the curl snippet, run by a shell as printed
         curl = _block(out, "curl:")
@@ -105,17 +135,27 @@ def test_up_prints_working_snippets_and_stops_cleanly(tmp_path):
         assert httpx.post(engine + "/abort_request", json={"abort_all": True}).status_code == 401
         assert httpx.get(engine + "/health", timeout=30).status_code == 200
     finally:
-        proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=120)
-        out += rest
-    assert proc.returncode == 0, out
-    assert "stopped." in out
+        out = _stop(proc, out)
     for p in (port, engine_port):  # nothing it started still listens
         try:
             httpx.get(f"http://127.0.0.1:{p}/health", timeout=2)
             raise AssertionError(f"port {p} still answers after rlgate up stopped")
         except httpx.TransportError:
             pass
+    kept = data / "up-keys.json"
+    assert (kept.stat().st_mode & 0o777) == 0o600
+    assert json.loads(kept.read_text()) == {"agent": key, "admin": admin}
+
+    # a restart prints the same keys, and they work
+    proc, again = _start(tmp_path, data, port, engine_port, "--no-trainer")
+    try:
+        assert re.search(r"agent key:\s+(\S+)", again).group(1) == key  # type: ignore[union-attr]
+        assert re.search(r"admin key:\s+(\S+)", again).group(1) == admin  # type: ignore[union-attr]
+        assert f"kept from {kept.resolve()}" in again
+        r = httpx.get(base + "/models", headers={"Authorization": f"Bearer {key}"}, timeout=60)
+        assert r.status_code == 200
+    finally:
+        _stop(proc, again)
 
 
 def test_up_caps_output_only_for_the_packaged_model():

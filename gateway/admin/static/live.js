@@ -9,7 +9,7 @@
       .then(function (r) { return r.ok ? r.json() : null; })
       .then(function (d) {
         if (!d) return;
-        document.getElementById("live-text").textContent = d.status + ", " + d.steps + " steps";
+        document.getElementById("live-text").textContent = d.status + ", " + d.steps + (d.steps === 1 ? " step" : " steps");
         if (d.status !== status || String(d.steps) !== steps) location.reload();
       })
       .catch(function () {})

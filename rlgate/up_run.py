@@ -1,0 +1,137 @@
+"""`rlgate up`, the command: migrate, keep the keys, check the ports, start the stack
+(rlgate/up.py), then print what a newcomer needs (rlgate/up_snippets.py) and write the
+client configurations (rlgate/up_clients.py); Ctrl-C stops everything."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+
+from core.settings import Settings
+from rlgate.up import Shape, check_ports, check_shape, launch
+
+
+def first_call(base: str, agent_key: str, model: str) -> str | None:
+    """One real chat call at start, so the feedback snippet rates a real answer; its id,
+    or None when it failed (the snippet then says the id is a placeholder)."""
+    try:
+        r = httpx.post(
+            f"{base}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {agent_key}"},
+            json={
+                "model": model,
+                "messages": [{"role": "user", "content": "Say hello."}],
+                "max_tokens": 16,
+            },
+            timeout=120,
+        )
+        r.raise_for_status()
+        return str(r.json()["id"])
+    except (httpx.HTTPError, ValueError, KeyError) as e:
+        click.echo(f"the first test call failed ({e}); see the gateway log", err=True)
+        return None
+
+
+def _more_gateways(bases: list[str]) -> str:
+    """The other gateways' base URLs (they serve the same API, keys and data)."""
+    if len(bases) < 2:
+        return ""
+    return f"  other gateways:        {', '.join(b + '/v1' for b in bases[1:])}\n"
+
+
+def served_context(base: str, agent_key: str) -> int | None:
+    """The context length the gateway reports on /v1/models (None when it cannot say)."""
+    try:
+        r = httpx.get(
+            f"{base}/v1/models", headers={"Authorization": f"Bearer {agent_key}"}, timeout=30
+        )
+        r.raise_for_status()
+        return int(r.json()["data"][0]["context_length"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def _training(settings: Settings, factory: Any, data_dir: Path, rlgate: str) -> str:
+    """The printed training trigger of the default project (its own settings)."""
+    from rlgate.up_snippets import training_note
+    from trainer.config import TrainConfigError
+    from trainer.serving import project_config
+
+    project = settings.default_project
+    try:
+        with factory() as db:
+            cfg = project_config(db, project)[1]
+    except (LookupError, TrainConfigError) as e:
+        return f"  training:              cannot tell: {e}\n"
+    return training_note(cfg, rlgate, project, data_dir)
+
+
+def run_up(
+    settings: Settings,
+    port: int,
+    engine_port: int,
+    trainer: bool,
+    shape: Shape | None = None,
+    new_keys: bool = False,
+) -> None:
+    from core import migrate as mig
+    from core.db import make_engine, session_factory, transaction
+    from rlgate.up_clients import write_client_files
+    from rlgate.up_keys import keys_path, up_keys
+    from rlgate.up_snippets import rlgate_path, snippets
+
+    shape = shape or Shape()
+    check_shape(settings, port, engine_port, shape)  # before anything is written
+    check_ports(settings, port, engine_port, shape)  # or started
+    data_dir = settings.data_dir.resolve()
+    url = settings.effective_database_url
+    click.echo(f"rlgate up: data in {data_dir}", err=True)
+    mig.upgrade(url)
+    factory = session_factory(make_engine(url))
+    with transaction(factory) as db:
+        keys = up_keys(db, data_dir, settings.default_project, new=new_keys)
+    kept = "kept from" if keys.reused else "new, kept in"
+    rlgate = rlgate_path()
+
+    stopping = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    stack = launch(settings, port, engine_port, trainer, shape=shape)
+    try:
+        model = settings.served_model_name
+        call_id = first_call(stack.base, keys.agent, model)
+        context = served_context(stack.base, keys.agent)
+        files = write_client_files(data_dir, stack.base, keys.agent, context)
+        training = _training(settings, factory, data_dir, rlgate) if trainer else ""
+        click.echo(f"""
+rlgate is up.
+  base_url (OpenAI):     {stack.base}/v1
+  base_url (Anthropic):  {stack.base}
+  agent key:             {keys.agent}
+  admin key:             {keys.admin}
+  keys:                  {kept} {keys_path(data_dir)} (`rlgate up --new-keys` replaces them)
+  admin dashboard:       {stack.base}/admin   (log in with the admin key)
+{_more_gateways(stack.bases)}  engine(s):             {", ".join(stack.engine_urls)}
+  model:                 {model} ({context or "unknown"}-token context)
+  {stack.trainer_note}
+{training}  rlgate command:        {rlgate}
+  logs:                  {stack.logs}
+{snippets(stack.base, keys.agent, model, call_id, files)}
+Press Ctrl-C to stop.""")
+        while not stopping:
+            stack.check_alive()
+            time.sleep(0.5)
+        click.echo("\nstopping ...", err=True)
+    finally:
+        stack.stop()
+    click.echo("stopped.", err=True)
