@@ -317,6 +317,35 @@ def test_budget_calls_per_hour(factory: Any, mock: Any) -> None:
     assert usage["calls"] == 2 and usage["outcomes"]["budget"] == 1
 
 
+def test_budget_judge_seconds_per_hour(factory: Any, mock: Any) -> None:
+    """A custom api_base has no price: the entry's wall-time cap binds, timeouts included."""
+    _project(factory, mode="session", seconds_per_hour=30, api_base="http://127.0.0.1:9/v1")
+    with factory() as db, db.begin():  # an earlier call that hung for 31 s
+        db.add(
+            JudgeCallRow(
+                id="jc_slow", project_id="p1", mode="session", model=MODEL, outcome="timeout",
+                attempt=1, latency_ms=31_000, created_at=utcnow(),
+            )
+        )  # fmt: skip
+    _add(factory, "s1", interaction("s1-0", "s1", 0, "42"))
+    m = mock()
+    assert run_verifiers(factory, "s1") == [] and m.calls == []
+    assert _outcomes(factory) == ["timeout", "budget"]
+    assert judge.usage(factory, "p1")["seconds"] == pytest.approx(31.0)
+
+
+def test_no_call_starts_past_the_tasks_deadline(factory: Any, mock: Any) -> None:
+    import time
+
+    _project(factory, mode="session", timeout_s=60)
+    _add(factory, "s1", interaction("s1-0", "s1", 0, "42"))
+    m = mock('{"score": 1}')
+    assert run_verifiers(factory, "s1", deadline=time.monotonic() + 0.5) == []
+    assert m.calls == [] and _outcomes(factory) == ["budget"]
+    run_verifiers(factory, "s1", deadline=time.monotonic() + 20)  # the call's timeout shrinks
+    assert 1 <= m.calls[0]["timeout"] <= 20
+
+
 def test_budget_usd_per_hour(factory: Any, mock: Any) -> None:
     _project(factory, mode="session", usd_per_hour=0.01)
     with factory() as db, db.begin():  # an earlier, priced call spent the hour's budget
