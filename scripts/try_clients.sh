@@ -11,7 +11,12 @@
 # failures. With an admin key as third argument (or RLGATE_ADMIN_KEY) a check passes
 # only if the gateway also recorded at least one new interaction for it.
 #
-# CLIENTS selects the checks (default "claude openclaw codex sdk").
+# CLIENTS selects the checks (default "claude openclaw codex sdk"; "sdk-tools" adds the
+# forced-tool helpers of three SDKs: pydantic-ai's default structured output, the OpenAI
+# Agents SDK with tool_choice="required", the Vercel AI SDK with toolChoice 'required',
+# from scripts/try_clients/. SDK_PY is a python with pydantic-ai-slim[openai] and
+# openai-agents installed (default: PY); the Vercel SDK is installed with npm under
+# CLIENTS_DIR/vercel on first use).
 # OPENCLAW_APIS: the OpenClaw provider APIs to try (default "openai-completions
 #   anthropic-messages openai-responses").
 # Claude Code also runs in its default mode (its own system prompt and tools, 21k-31k
@@ -253,6 +258,25 @@ EOF
     pass "sdk (anthropic messages + openai responses): $out"
   else
     fail "sdk: ${out:0:400}"
+  fi
+fi
+
+# ---- SDKs: their forced-tool helpers -----------------------------------------------------
+if want sdk-tools; then
+  SDK_PY=${SDK_PY:-$PY}
+  for script in pydantic_ai_output.py agents_required.py; do
+    before=$(recorded)
+    out=$(timeout 600 "$SDK_PY" "$HERE/try_clients/$script" "$BASE_URL" "$KEY" 2>&1)
+    check "sdk-tools $script" $? "$(echo "$out" | tail -3 | tr '\n' ' ')" "$before"
+  done
+  VC_DIR=$CLIENTS_DIR/vercel
+  if [ -d "$VC_DIR/node_modules/ai" ] || npm_install "$VC_DIR" ai @ai-sdk/openai @ai-sdk/anthropic zod; then
+    cp "$HERE/try_clients/vercel_required.mjs" "$VC_DIR/"
+    before=$(recorded)
+    out=$(cd "$VC_DIR" && timeout 600 node vercel_required.mjs "$BASE_URL" "$KEY" 2>&1)
+    check "sdk-tools vercel_required.mjs" $? "$(echo "$out" | tail -3 | tr '\n' ' ')" "$before"
+  else
+    fail "sdk-tools: npm install ai failed"
   fi
 fi
 
