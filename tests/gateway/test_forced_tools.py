@@ -9,6 +9,8 @@ one), whose arguments validate against that tool's schema (each tool has its own
 "tool_use"`` / ``function_call`` items; ``n > 1`` on Chat; the tool result sent back
 gets a next turn in the same session; every turn recorded token-exactly, with the call
 ids the client was sent. Field shapes follow the OpenAI and Anthropic API references.
+Then the grammar on its own, per tool-call format: it admits what the parser reads back,
+and no text, no second call with parallel calls off, no arguments outside the schema.
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ import pytest
 
 from core.db import make_engine, session_factory
 from core.engine_protocol import SGLANG_VERSION
+from core.errors import APIError
 from core.migrate import upgrade
+from engine.grammar import GrammarCompiler
+from gateway.forced_tools import forced_grammar
+from gateway.parsing import TOOL_PARSERS
+from gateway.request import GenerationRequest, Tool
+from gateway.templating import load_tokenizer
 from tests.gateway.conftest import Stack
 from tests.gateway.helpers import interactions, wait_recorded
 from tests.servers import gateway
@@ -325,3 +333,62 @@ def test_forced_choice_with_structured_output_makes_calls(gw: Stack) -> None:
         "named",
     )
     assert interactions(gw, id=r.id) or wait_recorded(gw, [r.id])
+
+
+# ---- the grammar on its own -------------------------------------------------------------
+
+
+def _request(choice: Any, tools: list[Tool], parallel: bool = True) -> GenerationRequest:
+    return GenerationRequest(
+        "openai-chat", "m", [], tools=tools, tool_choice=choice, parallel_tool_calls=parallel
+    )
+
+
+TOOLS = [Tool(n, "", s) for n, s in SCHEMAS.items()]
+
+
+@pytest.mark.parametrize("parser", sorted(TOOL_PARSERS))
+def test_the_grammar_admits_only_what_the_parser_reads(model_dir, parser: str) -> None:  # type: ignore[no-untyped-def]
+    """Per tool-call format: calls the parser reads back are accepted, text and arguments
+    against the schema are not; auto and none force nothing."""
+    tokenizer = load_tokenizer(model_dir)
+    compiler = GrammarCompiler(tokenizer, len(tokenizer))
+    fmt = TOOL_PARSERS[parser]
+
+    def call(name: str, args: str) -> str:
+        begin, end = fmt.frame(name)
+        return begin + args + end
+
+    good = fmt.separator.join(
+        [call("get_weather", '{"city": "Rome"}'), call("get_time", '{"zone":"CET"}')]
+    )
+    _, calls = fmt().parse(good)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Rome"}),
+        ("get_time", {"zone": "CET"}),
+    ]
+
+    def accepts(req: GenerationRequest, text: str) -> bool:
+        grammar = forced_grammar(req, parser)
+        assert grammar is not None
+        c = compiler.constraint(compiler.grammar("structural_tag", grammar))
+        ok = all(
+            c.matcher.consume_token(t) for t in tokenizer.encode(text, add_special_tokens=False)
+        )
+        return ok and c.matcher.is_accepting()
+
+    assert accepts(_request("required", TOOLS), good)
+    assert not accepts(_request("required", TOOLS, parallel=False), good)  # one call only
+    assert not accepts(_request("required", TOOLS), "Sure. " + good)
+    assert not accepts(
+        _request("required", TOOLS), call("get_time", '{"zone": "Paris"}')
+    )  # its own $defs
+    assert not accepts(_request("required", TOOLS), "")
+    assert forced_grammar(_request("auto", TOOLS), parser) is None
+    assert forced_grammar(_request("none", TOOLS), parser) is None
+
+
+def test_forcing_without_a_tool_parser_is_a_400() -> None:
+    with pytest.raises(APIError) as e:
+        forced_grammar(_request("required", TOOLS), None)
+    assert e.value.status == 400 and "RLGATE_TOOL_PARSER" in e.value.message
