@@ -71,6 +71,7 @@ class Sampling:
     stop: list[str] | None = None
     seed: int | None = None
     json_schema: str | None = None
+    structural_tag: str | None = None  # the JSON text of ``structural_tag()``
     skip_special_tokens: bool = True
 
     def params(self) -> dict[str, Any]:
@@ -89,7 +90,46 @@ class Sampling:
             out["sampling_seed"] = self.seed
         if self.json_schema is not None:
             out["json_schema"] = self.json_schema
+        if self.structural_tag is not None:
+            out["structural_tag"] = self.structural_tag
         return out
+
+
+@dataclass(frozen=True)
+class Tag:
+    """One tagged JSON value of a structural tag: ``begin``, a value valid against
+    ``schema``, ``end``."""
+
+    begin: str
+    schema: dict[str, Any]
+    end: str
+
+
+def structural_tag(
+    tags: list[Tag], separator: str, *, at_least_one: bool, stop_after_first: bool
+) -> str:
+    """SGLang's ``structural_tag`` param in xgrammar's format shape (SGLang 0.5.23 passes it
+    to ``compile_structural_tag``; the embedded engine reads the same subset,
+    engine/structural_tag.py): the output is one of ``tags``, then optionally more, each
+    after ``separator``, and nothing else; ``at_least_one`` forbids the empty output,
+    ``stop_after_first`` allows one tag only. The older ``structures``/``triggers`` shape
+    allows free text around its tags, so it cannot force them."""
+    fmt = {
+        "type": "tags_with_separator",
+        "tags": [
+            {
+                "type": "tag",
+                "begin": t.begin,
+                "content": {"type": "json_schema", "json_schema": t.schema},
+                "end": t.end,
+            }
+            for t in tags
+        ],
+        "separator": separator,
+        "at_least_one": at_least_one,
+        "stop_after_first": stop_after_first,
+    }
+    return json.dumps({"type": "structural_tag", "format": fmt}, ensure_ascii=False)
 
 
 def new_rid(prefix: str) -> str:

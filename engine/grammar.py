@@ -1,4 +1,5 @@
-"""Grammar-constrained sampling: SGLang's ``json_schema``, ``regex`` and ``ebnf`` params.
+"""Grammar-constrained sampling: SGLang's ``json_schema``, ``regex``, ``ebnf`` and
+``structural_tag`` params (the subset of ``structural_tag`` in engine/structural_tag.py).
 
 Backed by llguidance (the Rust library SGLang also offers as ``--grammar-backend
 llguidance``; CPU-only, no model-specific code). One :class:`GrammarCompiler` per engine
@@ -23,7 +24,10 @@ import llguidance.torch as llg_torch
 import torch
 from llguidance.gbnf_to_lark import any_to_lark
 
-MAX_GRAMMAR_CHARS = 100_000  # a JSON schema / regex / EBNF text larger than this is refused
+from engine.structural_tag import StructuralTagError, to_lark
+
+MAX_GRAMMAR_CHARS = 400_000  # a constraint text larger than this is refused (a structural
+# tag holds the schemas of every tool offered)
 
 
 class GrammarError(ValueError):
@@ -67,7 +71,8 @@ class GrammarCompiler:
             return self._lltok
 
     def grammar(self, kind: str, source: str) -> str:
-        """A checked llguidance grammar for ``kind`` in json_schema | regex | ebnf."""
+        """A checked llguidance grammar for ``kind`` in json_schema | regex | ebnf |
+        structural_tag."""
         if not isinstance(source, str) or not source:
             raise GrammarError(f"{kind} must be a non-empty string")
         if len(source) > MAX_GRAMMAR_CHARS:
@@ -79,8 +84,12 @@ class GrammarCompiler:
                 grammar = llguidance.LLMatcher.grammar_from_regex(source)
             elif kind == "ebnf":
                 grammar = llguidance.LLMatcher.grammar_from_lark(any_to_lark(source))
+            elif kind == "structural_tag":
+                grammar = llguidance.LLMatcher.grammar_from_lark(to_lark(source))
             else:
                 raise GrammarError(f"unknown constraint kind {kind!r}")
+        except StructuralTagError as e:
+            raise GrammarError(str(e)) from None
         except (ValueError, TypeError, RuntimeError) as e:
             raise GrammarError(f"{kind} cannot be compiled: {e}") from None
         error = llguidance.LLMatcher.validate_grammar(grammar, self._tokenizer())

@@ -76,7 +76,6 @@ class SamplingParamsIn(BaseModel):
             "presence_penalty": (self.presence_penalty, 0.0),
             "repetition_penalty": (self.repetition_penalty, 1.0),
             "min_new_tokens": (self.min_new_tokens, 0),
-            "structural_tag": (self.structural_tag, None),
             "logit_bias": (self.logit_bias or None, None),
         }
         for name, (value, neutral) in unsupported.items():
@@ -85,11 +84,14 @@ class SamplingParamsIn(BaseModel):
         return self
 
     def constraint(self) -> tuple[str, str] | None:
-        """The grammar constraint (``json_schema`` | ``regex`` | ``ebnf``, its text), if any."""
-        given = [(k, v) for k in ("json_schema", "regex", "ebnf") if (v := getattr(self, k))]
+        """The grammar constraint (``json_schema`` | ``regex`` | ``ebnf`` |
+        ``structural_tag``, its text), if any."""
+        kinds = ("json_schema", "regex", "ebnf", "structural_tag")
+        given = [(k, v) for k in kinds if (v := getattr(self, k))]
         if len(given) > 1:
             raise ProtocolError(
-                f"only one of json_schema, regex and ebnf may be set (got {[k for k, _ in given]})"
+                "only one of json_schema, regex, ebnf and structural_tag may be set "
+                f"(got {[k for k, _ in given]})"
             )
         return given[0] if given else None
 

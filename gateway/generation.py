@@ -33,6 +33,7 @@ class Prepared:
     started: float = field(default_factory=time.monotonic)
     ttft_ms: float | None = None
     engine_url: str | None = None
+    forced_tools: str | None = None  # the structural_tag of forced calls (forced_tools.py)
 
     @property
     def policy_version(self) -> str:
@@ -57,7 +58,8 @@ class StreamEvent:
 def engine_payload(prep: Prepared, index: int, stream: bool) -> dict[str, Any]:
     """SGLang's ``/generate`` body for choice ``index`` (core/engine_protocol.py): the
     prompt as ids, the adapter named explicitly, logprobs always returned; choice i of a
-    seeded call samples with seed + i."""
+    seeded call samples with seed + i. Forced tool calls replace structured output (a
+    forced turn has no text answer to shape)."""
     s = prep.req.sampling
     sampling = proto.Sampling(
         max_new_tokens=prep.max_tokens,
@@ -66,7 +68,8 @@ def engine_payload(prep: Prepared, index: int, stream: bool) -> dict[str, Any]:
         top_k=s.top_k,
         stop=s.stop or None,
         seed=s.seed + index if s.seed is not None else None,
-        json_schema=s.json_schema,
+        json_schema=None if prep.forced_tools else s.json_schema,
+        structural_tag=prep.forced_tools,
     )
     return proto.generate_body(
         prep.prompt_ids,

@@ -42,7 +42,13 @@ class HermesToolParser:
 
     start = "<tool_call>"
     end = "</tool_call>"
+    separator = "\n"  # between two calls, when the call is forced (gateway/forced_tools.py)
     _block = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+    @staticmethod
+    def frame(name: str) -> tuple[str, str]:
+        """The text around a call's arguments, as the template's tool prompt shows it."""
+        return f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": ', "}\n</tool_call>"
 
     def parse(self, text: str) -> tuple[str, list[ToolCallOut]]:
         if self.start not in text:
@@ -69,6 +75,11 @@ class Llama3JsonToolParser:
 
     start = "{"
     end = "}"
+    separator = ";"
+
+    @staticmethod
+    def frame(name: str) -> tuple[str, str]:
+        return f'{{"name": {json.dumps(name)}, "parameters": ', "}"
 
     def parse(self, text: str) -> tuple[str, list[ToolCallOut]]:
         body = text.strip().removeprefix("<|python_tag|>").strip()

@@ -53,6 +53,7 @@ class GenerationRequest:
     messages: list[Message]
     tools: list[Tool] = field(default_factory=list)
     tool_choice: str | dict[str, Any] = "auto"
+    parallel_tool_calls: bool = True  # False: a forced turn makes exactly one call
     sampling: Sampling = field(default_factory=Sampling)
     stream: bool = False
     include_usage: bool = False

@@ -19,6 +19,7 @@ from core.errors import APIError
 from gateway.auth import Principal, require_model_key
 from gateway.engine_client import AdapterNotLoaded, EngineClient
 from gateway.errors import bad_request
+from gateway.forced_tools import forced_grammar
 from gateway.generation import (
     Prepared,
     StreamEvent,
@@ -32,7 +33,7 @@ from gateway.parsing import TOOL_PARSERS, StreamingParser
 from gateway.recorder import Recorder
 from gateway.redaction import RedactionPolicy
 from gateway.render_pool import RenderPool
-from gateway.request import Completion, GenerationRequest
+from gateway.request import Completion, GenerationRequest, ToolCallOut
 from gateway.serving import Leases, ServingPolicy
 from gateway.sessions import SessionStore
 from gateway.templating import ChatRenderer, check_prompt_chars
@@ -70,6 +71,17 @@ async def replay(first: StreamEvent | None, events: Any) -> AsyncIterator[Stream
             yield first
         async for ev in events:
             yield ev
+
+
+def _keep_streamed_ids(done: Completion, streamed: list[ToolCallOut]) -> None:
+    """The streamed calls' ids on the finished choice (both parse the same text; the
+    whole-text parse minted new ids): the ids the client was sent are the ones recorded,
+    answered in ``response.completed`` and looked up by ``previous_response_id``."""
+    if [(c.name, c.arguments) for c in streamed] == [
+        (c.name, c.arguments) for c in done.tool_calls
+    ]:
+        for sent, call in zip(streamed, done.tool_calls, strict=True):
+            call.id = sent.id
 
 
 class Pipeline:
@@ -138,6 +150,7 @@ class Pipeline:
 
     async def prepare(self, p: Principal, req: GenerationRequest, prefix: str) -> Prepared:
         require_model_key(p)
+        forced = forced_grammar(req, self.tool_parser)
         self.recorder.admit()  # 503 while the recording backlog is over its cap
         ids = await self.prompt_ids(req)
         ctx_len = self.renderer.context_length
@@ -175,6 +188,7 @@ class Pipeline:
             adapter=adapter,
             max_tokens=max_tokens,
             interaction_id=f"{prefix}{secrets.token_hex(12)}",
+            forced_tools=forced,
         )
 
     def _parser_name(self, prep: Prepared) -> str | None:
@@ -270,6 +284,7 @@ class Pipeline:
                         )
             tail = parser.feed("", final=True)
             done = self._completion(prep, index, reader.output())
+            _keep_streamed_ids(done, parser.calls)
             await queue.put(
                 StreamEvent(
                     index=index,

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import threading
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from core import engine_protocol as proto
@@ -170,6 +172,39 @@ def test_structured_output_json_schema(target: Target) -> None:
         outs = [_one(e, sampling) for _ in range(2)]
     for out in outs:
         assert json.loads(out.text) in ("yes", "no"), out.text
+
+
+def test_structural_tag_forces_tagged_json(target: Target) -> None:
+    """What forced tool calls send (gateway/forced_tools.py): one or more tagged values,
+    each valid against its own schema (the same ``$defs`` name, its own values), and
+    nothing else; with ``stop_after_first`` exactly one."""
+
+    def schema(values: list[str]) -> dict:  # type: ignore[type-arg]
+        return {
+            "type": "object",
+            "properties": {"v": {"$ref": "#/$defs/V"}},
+            "required": ["v"],
+            "additionalProperties": False,
+            "$defs": {"V": {"enum": values}},
+        }
+
+    schemas = {"a": schema(["x", "y"]), "b": schema(["z"])}
+    tags = [proto.Tag(f"<{n}>", s, f"</{n}>") for n, s in schemas.items()]
+    pattern = re.compile(r"<(a|b)>(.*?)</\1>", re.S)
+    with _engine(target) as e:
+        for stop_after_first in (True, False):
+            tag = proto.structural_tag(
+                tags, ";", at_least_one=True, stop_after_first=stop_after_first
+            )
+            out = _one(e, proto.Sampling(max_new_tokens=40, temperature=1.0, structural_tag=tag))
+            found = pattern.findall(out.text)
+            assert found, out.text
+            if out.finish_reason == "stop":  # else cut short by max_new_tokens
+                assert ";".join(f"<{n}>{v}</{n}>" for n, v in found) == out.text
+                assert len(found) == 1 or not stop_after_first
+            for name, value in found:
+                jsonschema.validate(json.loads(value), schemas[name])
+            assert len(out.logprobs) == len(out.ids)
 
 
 def test_lora_load_unload_reload_and_the_live_fence(target: Target, adapter_dirs, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -82,6 +82,23 @@ def test_masked_logprobs_are_renormalized(generate, client, tokenizer) -> None: 
         ({"json_schema": "not json"}, "json_schema cannot be compiled"),
         ({"regex": "("}, "regex cannot be compiled"),
         ({"regex": "a", "json_schema": "{}"}, "only one of"),
+        ({"regex": "a", "structural_tag": "{}"}, "only one of"),
+        ({"structural_tag": '{"structures": [], "triggers": []}'}, "legacy structural_tag"),
+        (
+            {"structural_tag": '{"type": "structural_tag", "format": {"type": "any_text"}}'},
+            "'any_text' is not supported",
+        ),
+        (
+            {
+                "structural_tag": json.dumps(
+                    {
+                        "type": "structural_tag",
+                        "format": {"type": "json_schema", "json_schema": {"type": 5}},
+                    }
+                )
+            },
+            "structural_tag cannot be compiled",
+        ),
     ],
 )
 def test_bad_constraints_are_400(client, generate, tokenizer, params, needle) -> None:  # type: ignore[no-untyped-def]

@@ -278,6 +278,7 @@ def to_internal(
         json_schema=json_schema,
     )
     fields = {
+        "parallel_tool_calls": not (req.tool_choice or {}).get("disable_parallel_tool_use"),
         "chat_template_kwargs": template_kwargs,
         "user": user_id if isinstance(user_id, str) else None,
         "metadata": metadata,

@@ -176,6 +176,7 @@ def to_internal(body: Any, session_header: str | None) -> GenerationRequest:
     messages = parse_messages(req.messages)
     fields = {
         "include_usage": bool((req.stream_options or {}).get("include_usage")),
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
         "chat_template_kwargs": check_template_kwargs(req.chat_template_kwargs),
         "user": req.user,
         "metadata": req.metadata or {},

@@ -196,6 +196,7 @@ def to_internal(
     )
     fields = {
         "include_usage": True,
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
         "user": req.user,
         "metadata": req.metadata or {},
         "session_hint": session_hint,

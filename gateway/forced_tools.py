@@ -1,0 +1,66 @@
+"""Forced tool calls: ``tool_choice`` required or named (Chat Completions ``"required"`` /
+``{"type": "function", "function": {"name"}}``, Responses ``"required"`` /
+``{"type": "function", "name"}``, Anthropic ``{"type": "any"}`` / ``{"type": "tool"}``)
+as a grammar the engine decodes under.
+
+The grammar is SGLang's ``structural_tag`` (core/engine_protocol.py): one or more calls
+of the offered tools (the named one only, when one is named), in the gateway's tool-call
+format (gateway/parsing.py: the text the parser reads back and the template's tool
+prompt shows), each call's arguments valid against that tool's own JSON schema (its
+``$defs`` included), separated as the format separates calls, and nothing else. With
+parallel calls off (Chat/Responses ``parallel_tool_calls: false``, Anthropic
+``disable_parallel_tool_use``) exactly one call. The engine masks every other token, so
+the recorded logprobs are those of the masked distribution, as for structured output.
+
+A forced call wins over structured output (``response_format``, ``text.format``,
+``output_config.format``): those shape a text answer, and a forced turn has none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core import engine_protocol as proto
+from gateway.errors import bad_request
+from gateway.parsing import TOOL_PARSERS
+from gateway.request import GenerationRequest, Tool
+
+
+def is_forced(req: GenerationRequest) -> bool:
+    """The answer must be tool calls: tools offered and a choice other than auto/none."""
+    return bool(req.tools) and req.tool_choice not in ("auto", "none")
+
+
+def _arguments_schema(tool: Tool) -> dict[str, Any]:
+    """A tool's parameters as the arguments' schema; one without a ``type`` describes an
+    object (the arguments are a JSON object in every tool-call format)."""
+    schema = dict(tool.parameters)
+    schema.setdefault("type", "object")
+    return schema
+
+
+def call_grammar(tools: list[Tool], parser: str, *, parallel: bool) -> str:
+    """The ``structural_tag`` that admits only calls of ``tools`` in ``parser``'s format."""
+    fmt = TOOL_PARSERS[parser]
+    tags = []
+    for t in tools:
+        begin, end = fmt.frame(t.name)
+        tags.append(proto.Tag(begin, _arguments_schema(t), end))
+    return proto.structural_tag(
+        tags, fmt.separator, at_least_one=True, stop_after_first=not parallel
+    )
+
+
+def forced_grammar(req: GenerationRequest, parser: str | None) -> str | None:
+    """The grammar of a request whose tool calls are forced, or None. A 400 when the
+    gateway reads no tool calls (``RLGATE_TOOL_PARSER`` is empty): nothing could parse
+    the calls it would force."""
+    if not is_forced(req):
+        return None
+    if not parser:
+        raise bad_request(
+            "this gateway parses no tool calls (RLGATE_TOOL_PARSER is empty), so it cannot "
+            "force one; use tool_choice 'auto' or 'none'",
+            "tool_choice",
+        )
+    return call_grammar(req.tools, parser, parallel=req.parallel_tool_calls)
