@@ -9,7 +9,10 @@ format (gateway/parsing.py: the text the parser reads back and the template's to
 prompt shows), each call's arguments valid against that tool's own JSON schema (its
 ``$defs`` included), separated as the format separates calls, and nothing else. With
 parallel calls off (Chat/Responses ``parallel_tool_calls: false``, Anthropic
-``disable_parallel_tool_use``) exactly one call. The engine masks every other token, so
+``disable_parallel_tool_use``), or only one tool to call (one offered, or one named),
+exactly one call: a grammar that allows another call after each one lets a model that was
+never taught to stop (the packaged SmolLM2 is one) repeat the call until ``max_tokens``,
+and clients such as pydantic-ai's structured output force a single tool. The engine masks every other token, so
 the recorded logprobs are those of the masked distribution, as for structured output.
 
 A forced call wins over structured output (``response_format``, ``text.format``,
@@ -63,4 +66,5 @@ def forced_grammar(req: GenerationRequest, parser: str | None) -> str | None:
             "force one; use tool_choice 'auto' or 'none'",
             "tool_choice",
         )
-    return call_grammar(req.tools, parser, parallel=req.parallel_tool_calls)
+    parallel = req.parallel_tool_calls and len(req.tools) > 1
+    return call_grammar(req.tools, parser, parallel=parallel)

@@ -379,6 +379,10 @@ def test_the_grammar_admits_only_what_the_parser_reads(model_dir, parser: str) -
 
     assert accepts(_request("required", TOOLS), good)
     assert not accepts(_request("required", TOOLS, parallel=False), good)  # one call only
+    weather = call("get_weather", '{"city": "Rome"}')
+    one_tool = [t for t in TOOLS if t.name == "get_weather"]  # one offered, or one named
+    assert accepts(_request("required", one_tool), weather)
+    assert not accepts(_request("required", one_tool), fmt.separator.join([weather, weather]))
     assert not accepts(_request("required", TOOLS), "Sure. " + good)
     assert not accepts(
         _request("required", TOOLS), call("get_time", '{"zone": "Paris"}')
