@@ -12,8 +12,9 @@ parallel calls off (Chat/Responses ``parallel_tool_calls: false``, Anthropic
 ``disable_parallel_tool_use``), or only one tool to call (one offered, or one named),
 exactly one call: a grammar that allows another call after each one lets a model that was
 never taught to stop (the packaged SmolLM2 is one) repeat the call until ``max_tokens``,
-and clients such as pydantic-ai's structured output force a single tool. The engine masks every other token, so
-the recorded logprobs are those of the masked distribution, as for structured output.
+and clients such as pydantic-ai's structured output force a single tool. The engine
+masks every other token, so the recorded logprobs are those of the masked distribution,
+as for structured output.
 
 A forced call wins over structured output (``response_format``, ``text.format``,
 ``output_config.format``): those shape a text answer, and a forced turn has none.
