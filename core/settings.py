@@ -172,6 +172,15 @@ class Settings(BaseSettings):
         description="Most MiB of records that may wait for the database (in memory and the "
         "spool); over it, new model calls get 503 until recording catches up.",
     )
+    commit_wait_s: float = Field(
+        5.0,
+        ge=0,
+        le=600,
+        description="How long an answer (a JSON body, a stream's last event) waits for its "
+        "records to be committed, so its ids work at once on every gateway; past it, or "
+        "while the database is unreachable, it is sent anyway (records stay in the spool) "
+        "and a warning is logged. 0: never wait.",
+    )
     recording_lag_alert_s: float = Field(
         60.0, gt=0, description="/health says degraded when recording lags more than this."
     )

@@ -111,6 +111,7 @@ def build_gateway(settings: Settings) -> Gateway:
         render_pool=RenderPool(settings.render_workers, settings.render_timeout_s),
         prompt_chars_per_token=settings.prompt_chars_per_token,
         redaction=RedactionPolicy(factory, settings.redact, settings.redact_patterns),
+        commit_wait_s=settings.commit_wait_s,
     )
     admin = settings.admin_key.get_secret_value() if settings.admin_key else None
     auth = Authenticator(factory, admin, settings.default_project, settings.session_key_grace_s)

@@ -40,11 +40,19 @@ async def post_feedback(request: Request) -> JSONResponse:
         scope = scope_of(p)
         ref = inp.ref
         await locate(request, p.key_id, ref, lambda: find_interaction(gw.factory, scope, ref))
+    elif inp.target == "session" and inp.ref is not None:
+        sid = inp.ref
+        await locate(request, p.key_id, sid, lambda: _session_exists(gw.factory, sid))
     elif inp.target == "latest":
         await until_committed(gw.recorder, p.session_id)
     fb, replayed = await asyncio.to_thread(submit_feedback, gw.factory, inp, principal=p, wait_s=0)
     headers = {"Idempotent-Replayed": "true"} if replayed else {}
     return JSONResponse(fb, headers=headers)
+
+
+def _session_exists(factory: Any, session_id: str) -> bool | None:
+    with factory() as db:
+        return True if db.get(SessionRow, session_id) is not None else None
 
 
 def _cursor_encode(row: FeedbackRow) -> str:

@@ -4,20 +4,21 @@ The promise: once a response (or the final SSE event) is sent, its record is eit
 committed in the database or sits in a local append-only spool that is replayed into
 the database at start-up and whenever the database is back.
 
-- ``record()`` appends the records to the current spool segment. With ``fsync`` (setting
-  ``spool_fsync``) it returns after an fdatasync, and concurrent callers share one
-  (group commit), so this costs one disk flush per batch, not per request: the record
-  survives power loss. Without it (the default) the append is a ``write()`` into the
-  kernel's page cache, done inline: the record survives the gateway crashing or being
-  killed, not the machine losing power.
+- ``record()`` appends the records to the current spool segment and returns a commit
+  ticket (gateway.commits) that settles once they are in the database: the caller
+  releases its answer only then. With ``fsync`` (``spool_fsync``) it returns after an
+  fdatasync shared by concurrent callers (one disk flush per batch): the record survives
+  power loss. Without it (the default) the append is a ``write()`` into the page cache,
+  done inline: the record survives the gateway crashing or being killed.
 - A writer thread takes records in batches, inserts them in one transaction (skipping
-  ids that are already there, so replay is idempotent: ``gateway.record_batch``) and
-  then marks them done; a segment whose records are all in the database is deleted.
+  ids that are already there, so replay is idempotent: ``gateway.record_batch``), then
+  marks them done and counts them off their tickets; a segment whose records are all in
+  the database is deleted.
 - If the database is down the writer keeps the batch and retries with backoff; nothing
-  is dropped. A batch the database refuses for its content (a value too long for its
-  column, a character it cannot store, a constraint) is split until the refused
-  record(s) are alone; those go to the dead-letter file (gateway.dead_letters) and
-  everything else is written: one bad record never stops recording.
+  is dropped, and waiting tickets are settled as not committed at once. A batch the
+  database refuses for its content (a value too long for its column, a character it
+  cannot store, a constraint) is split until the refused record(s) are alone; those go
+  to the dead-letter file (gateway.dead_letters) and everything else is written.
 - Segments left by a dead process (not locked) are replayed at start-up (a failure
   there is logged, never fatal) and again every ``replay_interval_s`` by a background
   thread; replay skips ids already written, so it is idempotent.
@@ -42,6 +43,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.errors import APIError
+from gateway.commits import Ticket, Tickets
 from gateway.dead_letters import DeadLetters, describe, refused_for_content
 from gateway.record_batch import write_batch
 from gateway.spool import Pending, Segment, Spool, spool_line
@@ -74,7 +76,10 @@ class Recorder:
         self.replay_interval_s = replay_interval_s
         self.lag_alert_s = lag_alert_s
         self.queue: queue.Queue[Pending | None] = queue.Queue()
-        self._appends: queue.Queue[tuple[list[dict[str, Any]], Future] | None] = queue.Queue()
+        self._appends: queue.Queue[tuple[list[dict[str, Any]], Future, Ticket] | None] = (
+            queue.Queue()
+        )
+        self.tickets = Tickets()
         self.recorded_total = 0
         self.backlog_bytes = 0  # spool lines accepted and not yet in the database
         self.oldest_pending: float | None = None
@@ -112,6 +117,7 @@ class Recorder:
         self.queue.put(None)
         for t in self._threads:
             t.join(timeout)
+        self.tickets.release_all()
         self.spool.close()
 
     def replay_orphans(self) -> int:
@@ -162,24 +168,30 @@ class Recorder:
                 headers={"Retry-After": "5"},
             )
 
-    async def record(self, records: list[dict[str, Any]]) -> None:
+    async def record(self, records: list[dict[str, Any]]) -> Ticket:
         """Durably accept records; returns once they are in the spool (fsynced if the
-        spool syncs: then through the append thread, which shares one fsync per batch)."""
+        spool syncs: then through the append thread, which shares one fsync per batch),
+        with the ticket of their commit (``await ticket.wait(timeout)``)."""
         self._track(records, 1)
+        ticket = self.tickets.issue(len(records))
         try:
-            await self._accept(records)
+            await self._accept(records, ticket)
         except BaseException:
             self._track(records, -1)
+            self.tickets.drop(ticket)
             raise
+        if not self._db_ok.is_set():  # the database is unreachable: do not hold answers
+            ticket.settle(False)
+        return ticket
 
-    async def _accept(self, records: list[dict[str, Any]]) -> None:
+    async def _accept(self, records: list[dict[str, Any]], ticket: Ticket) -> None:
         if not self.spool.fsync:
             lines = [spool_line(r) for r in records]
             seg = self.spool.append(records, lines)  # a write() to the page cache
-            self._enqueue(seg, records, lines)
+            self._enqueue(seg, records, lines, ticket)
             return
         fut: Future = Future()
-        self._appends.put((records, fut))
+        self._appends.put((records, fut, ticket))
         await asyncio.wrap_future(fut)
 
     def _track(self, records: list[dict[str, Any]], delta: int) -> None:
@@ -241,12 +253,19 @@ class Recorder:
 
     # ---- writing -------------------------------------------------------------------
 
-    def _enqueue(self, seg: Segment, records: list[dict[str, Any]], lines: list[bytes]) -> None:
+    def _enqueue(
+        self,
+        seg: Segment,
+        records: list[dict[str, Any]],
+        lines: list[bytes],
+        tickets: list[Ticket] | Ticket | None = None,
+    ) -> None:
         now = time.monotonic()
         with self._size_lock:
             self.backlog_bytes += sum(len(x) for x in lines)
-        for r, x in zip(records, lines, strict=True):
-            self.queue.put(Pending(seg, r, now, len(x)))
+        per_record = tickets if isinstance(tickets, list) else [tickets] * len(records)
+        for r, x, t in zip(records, lines, per_record, strict=True):
+            self.queue.put(Pending(seg, r, now, len(x), t))
 
     def _store(self, records: list[dict[str, Any]], patient: bool = True) -> int | None:
         """Write ``records``; returns the interactions inserted. Connection trouble is
@@ -271,6 +290,7 @@ class Recorder:
                             str(e).splitlines()[0] if str(e) else type(e).__name__,
                         )
                     self._db_ok.clear()
+                    self.tickets.release_all()  # waiting answers go out now
                     if not patient:
                         return None
                     time.sleep(delay)
@@ -322,16 +342,17 @@ class Recorder:
             stop = any(b is None for b in batch)
             work = [b for b in batch if b is not None]
             if work:
-                records = [r for recs, _ in work for r in recs]
+                records = [r for recs, _, _ in work for r in recs]
+                tickets = [t for recs, _, t in work for _ in recs]
                 try:
                     lines = [spool_line(r) for r in records]
                     seg = self.spool.append(records, lines)
                 except Exception as e:  # disk full, permissions: fail the requests loudly
-                    for _, fut in work:
+                    for _, fut, _ in work:
                         fut.set_exception(e)
                 else:
-                    self._enqueue(seg, records, lines)
-                    for _, fut in work:
+                    self._enqueue(seg, records, lines, tickets)
+                    for _, fut, _ in work:
                         fut.set_result(None)
             for _ in batch:
                 self._appends.task_done()
@@ -355,6 +376,7 @@ class Recorder:
                 self._store([p.record for p in work])  # patient: returns once written
                 self.oldest_pending = None
                 self._track([p.record for p in work], -1)
+                self.tickets.written(p.ticket for p in work)  # their answers go out now
                 for p in work:
                     self.spool.mark_done(p.segment, 1)
                 with self._size_lock:

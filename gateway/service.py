@@ -100,6 +100,7 @@ class Pipeline:
         render_pool: RenderPool | None = None,
         prompt_chars_per_token: float = 16.0,
         redaction: RedactionPolicy | None = None,
+        commit_wait_s: float = 5.0,
     ) -> None:
         self.renderer = renderer
         self.render_pool = render_pool or RenderPool()
@@ -115,6 +116,7 @@ class Pipeline:
         self.leases = Leases()
         self._context_checked = False
         self.redaction = redaction or RedactionPolicy(None)  # off unless configured
+        self.commit_wait_s = commit_wait_s
 
     async def _ensure_context(self) -> None:
         """Use the engines' own context length (SGLang's /get_server_info) once known."""
@@ -349,7 +351,7 @@ class Pipeline:
                 else aborted_completion(prep, i, partial.get(i) or proto.StreamReader())
                 for i in range(n)
             ]
-            await self.record(prep, aborted)
+            await self.record(prep, aborted, answer=False)
 
     # ---- after generation ------------------------------------------------------------
 
@@ -375,9 +377,14 @@ class Pipeline:
         if on_recorded is not None:
             on_recorded(finished)
 
-    async def record(self, prep: Prepared, completions: list[Completion]) -> None:
-        """Durably record every choice; returns once they are safe (spool fsync). Called
-        only from this module: a finished call, a finished stream, an aborted stream."""
+    async def record(
+        self, prep: Prepared, completions: list[Completion], answer: bool = True
+    ) -> None:
+        """Durably record every choice; returns once they are safe (in the spool) and, for
+        an ``answer`` still to be sent, committed: every id it names is then readable on
+        every replica (bounded by ``commit_wait_s``, never held while the database is
+        unreachable). Called only from this module: a finished call, a finished stream,
+        an aborted stream (``answer=False``: the client is gone)."""
         now = utcnow()
         latency = (time.monotonic() - prep.started) * 1000
         group = prep.interaction_id if len(completions) > 1 else None
@@ -399,4 +406,14 @@ class Pipeline:
         self.metrics.prompt_tokens.inc(len(prep.prompt_ids))
         # data protection: the one place records are redacted before storage
         records = await self.redaction.apply(prep.principal.project_id, records)
-        await self.recorder.record(records)
+        ticket = await self.recorder.record(records)
+        if not answer or self.commit_wait_s <= 0:
+            return
+        if await ticket.wait(self.commit_wait_s) is None:
+            log.warning(
+                "answered %s before its record was committed: the database took over %gs "
+                "(RLGATE_COMMIT_WAIT_S); the record is in the spool and is written when the "
+                "database takes it, so its ids may 404 on another gateway until then",
+                prep.interaction_id,
+                self.commit_wait_s,
+            )

@@ -14,7 +14,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.commits import Ticket
 
 SEGMENT_MAX_RECORDS = 2000
 
@@ -33,6 +36,7 @@ class Pending:
     record: dict[str, Any]
     enqueued_at: float = field(default_factory=time.monotonic)
     size: int = 0  # bytes of its spool line
+    ticket: Ticket | None = None  # the commit its request waits for (gateway.commits)
 
 
 def spool_line(record: dict[str, Any]) -> bytes:

@@ -203,9 +203,6 @@ def run_demo(
     seed: int,
     require_swap: bool,
 ) -> None:
-    import os
-    import platform
-
     from core import migrate as mig
     from core.db import make_engine, session_factory, transaction
     from core.keys import create_key, ensure_project
@@ -245,6 +242,7 @@ def run_demo(
     # the arithmetic agent's round is one request of n answers, the tool agent's is
     # `group` sessions in flight at once: either way ~concurrency requests in flight
     workers = max(1, concurrency // group)
+    failure: str | None = None
     try:
         asyncio.run(
             _run(
@@ -260,16 +258,14 @@ def run_demo(
                 stack.check_alive,
             )
         )
+    except KeyboardInterrupt:
+        failure = "interrupted"
+    except Exception as e:  # noqa: BLE001 - any failure: write the curve, then one line
+        failure = what_failed(e)
     finally:
         stack.stop()
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    machine = f"{platform.machine()}, {os.cpu_count()} cores"
     summary = {
         "task": task,
-        "date": stamp,
-        "machine": machine,
-        "commit": commit(),
         "seed": seed,
         "minutes": minutes,
         "group_size": group,
@@ -277,23 +273,68 @@ def run_demo(
         "eval_size": len(setup.held_out),
         "sampling": {"temperature": SAMPLING_TEMPERATURE, "max_tokens": setup.max_tokens},
         "training": {k: v for k, v in training.items() if k != "eval_gate"},
+    }
+    write_results(curve, out, summary, failure)
+    if require_swap and (len({p["policy_version"] for p in curve.points}) < 2):
+        raise click.ClickException("no adapter was trained and swapped in within the time")
+
+
+def what_failed(e: BaseException) -> str:
+    """One line for an exception: its type and the first line of its message (a
+    ClickException from check_alive: its first line; the log tail went to stderr)."""
+    if isinstance(e, click.ClickException):
+        lines = e.format_message().splitlines()
+        if len(lines) > 1:
+            click.echo("\n".join(lines[1:]), err=True)
+        return lines[0] if lines else type(e).__name__
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {first[:300]}" if first else type(e).__name__
+
+
+def write_results(curve: Curve, out: Path, summary: dict, failure: str | None) -> None:
+    """Write curve.json and curve.png of what was measured, whatever happened, and print
+    the summary; after a ``failure``, exit 1 with one line saying what failed."""
+    import os
+    import platform
+
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    machine = f"{platform.machine()}, {os.cpu_count()} cores"
+    elapsed = (time.monotonic() - curve.started) / 60
+    data = {
+        "task": summary["task"],
+        "date": stamp,
+        "machine": machine,
+        "commit": commit(),
+        **{k: v for k, v in summary.items() if k != "task"},
         "points": curve.points,
         "train_answers": curve.train_answers,
+        "failure": None if failure is None else f"at minute {elapsed:.1f}: {failure}",
     }
-    (out / "curve.json").write_text(json.dumps(summary, indent=2))
-    title = f"rlgate demo --task {task}, seed {seed}, {stamp}, {machine}, {minutes:g} min"
-    plot(curve, out / "curve.png", title)
-    first, last = curve.points[0], curve.points[-1]
-    best = max(p["heldout_accuracy"] for p in curve.points)
-    swaps = len({p["policy_version"] for p in curve.points}) - 1
-    reached = next((p["minutes"] for p in curve.points if p["heldout_accuracy"] >= 0.5), None)
-    click.echo(
-        f"\nheld-out success: {first['heldout_accuracy']:.1%} (base) -> "
-        f"{last['heldout_accuracy']:.1%} (last), best {best:.1%}"
-        + (f", 50% first at minute {reached:.1f}" if reached is not None else "")
-        + f"; {swaps} evaluated adapter versions (newest {last['policy_version']}); "
-        f"{curve.train_answers} rated {'sessions' if task == 'tools' else 'answers'}"
+    (out / "curve.json").write_text(json.dumps(data, indent=2))
+    title = (
+        f"rlgate demo --task {summary['task']}, seed {summary['seed']}, {stamp}, {machine}, "
+        f"{summary['minutes']:g} min" + (" (stopped early)" if failure else "")
     )
-    click.echo(f"wrote {out / 'curve.json'} and {out / 'curve.png'}")
-    if require_swap and (swaps < 1 or len(curve.points) < 2):
-        raise click.ClickException("no adapter was trained and swapped in within the time")
+    plot(curve, out / "curve.png", title)
+    written = f"wrote {out / 'curve.json'} and {out / 'curve.png'}"
+    if curve.points:
+        first, last = curve.points[0], curve.points[-1]
+        best = max(p["heldout_accuracy"] for p in curve.points)
+        swaps = len({p["policy_version"] for p in curve.points}) - 1
+        reached = next((p["minutes"] for p in curve.points if p["heldout_accuracy"] >= 0.5), None)
+        unit = "sessions" if summary["task"] == "tools" else "answers"
+        click.echo(
+            f"\nheld-out success: {first['heldout_accuracy']:.1%} (base) -> "
+            f"{last['heldout_accuracy']:.1%} (last), best {best:.1%}"
+            + (f", 50% first at minute {reached:.1f}" if reached is not None else "")
+            + f"; {swaps} evaluated adapter versions (newest {last['policy_version']}); "
+            f"{curve.train_answers} rated {unit}"
+        )
+    if failure is None:
+        click.echo(written)
+        return
+    points = f"{len(curve.points)} held-out point{'s' if len(curve.points) != 1 else ''}"
+    raise click.ClickException(
+        f"the demo stopped at minute {elapsed:.1f}: {failure}; {written} ({points})"
+    )

@@ -20,6 +20,7 @@ import click
 import httpx
 
 from rlgate import demo_task, demo_tools
+from rlgate.demo_http import http_client, openai_client
 
 
 class Agent(Protocol):
@@ -29,7 +30,8 @@ class Agent(Protocol):
     unit: str  # what one rated thing is called in progress lines
 
     async def call(self, method: str, url: str, **kwargs: Any) -> httpx.Response | None:
-        """A gateway call with retries on transport errors (:class:`GatewayClient`)."""
+        """A gateway call, retried on backpressure and dropped connections
+        (rlgate/demo_http.py); None when the connection kept failing."""
         ...
 
     async def train_round(self) -> list[bool]:
@@ -43,22 +45,17 @@ class Agent(Protocol):
 
 class GatewayClient:
     def __init__(self, base: str, agent_key: str, seed: int) -> None:
-        self.http = httpx.AsyncClient(
-            base_url=base, timeout=300, headers={"Authorization": f"Bearer {agent_key}"}
-        )
+        self.http = http_client(base, agent_key)
         self.rng = random.Random(seed)
 
     async def call(self, method: str, url: str, **kwargs: Any) -> httpx.Response | None:
-        """One gateway call, tried up to 3 times on a transport error (a kept-alive
-        connection the server closed at the same moment is one); None when all fail."""
-        for attempt in range(3):
-            try:
-                return await self.http.request(method, url, **kwargs)
-            except httpx.TransportError as e:
-                if attempt == 2:
-                    click.echo(f"  ({method} {url} failed: {e!r}; going on)", err=True)
-                await asyncio.sleep(0.5)
-        return None
+        """One gateway call (retried by the transport: rlgate/demo_http.py); None when the
+        connection kept failing."""
+        try:
+            return await self.http.request(method, url, **kwargs)
+        except httpx.TransportError as e:
+            click.echo(f"  ({method} {url} failed: {e!r}; going on)", err=True)
+            return None
 
     async def rate(self, body: dict[str, Any]) -> None:
         r = await self.call("POST", "/feedback", json=body)
@@ -72,12 +69,8 @@ class ArithmeticAgent(GatewayClient):
     def __init__(
         self, base: str, agent_key: str, seed: int, group: int, train: list[tuple[int, int]]
     ) -> None:
-        from openai import AsyncOpenAI
-
         super().__init__(base, agent_key, seed)
-        self.client = AsyncOpenAI(
-            base_url=f"{base}/v1", api_key=agent_key, max_retries=3, timeout=300
-        )
+        self.client = openai_client(base, agent_key)
         self.group = group
         self.train = train
 

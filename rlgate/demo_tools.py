@@ -171,17 +171,12 @@ async def run_session(http, q: Question, known: Facts, *, temperature: float, se
     """One tool loop through the gateway: a session of its own (``POST /v1/sessions``,
     task ``q.tool``), then requests with the session's key until an answer comes without
     a tool call. ``http`` is an ``httpx.AsyncClient`` on the gateway with an agent key."""
-    from openai import AsyncOpenAI
+    from rlgate.demo_http import openai_client
 
     r = await http.post("/v1/sessions", json={"task_id": q.tool, "agent_name": "rlgate demo"})
     r.raise_for_status()
     session = r.json()
-    client = AsyncOpenAI(
-        base_url=f"{str(http.base_url).rstrip('/')}/v1",
-        api_key=session["api_key"],
-        max_retries=3,
-        timeout=300,
-    )
+    client = openai_client(str(http.base_url), session["api_key"])
     messages = first_messages(q)
     answer, version = None, "?"
     try:

@@ -6,7 +6,6 @@ A feedback key cannot read responses (403); what else may be read or continued i
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -21,6 +20,7 @@ from gateway.auth import require_kind
 from gateway.generation import output_json
 from gateway.request import Completion, Message
 from gateway.routing import gw_of, principal
+from gateway.waits import locate
 from schemas.tables import InteractionRow
 
 router = APIRouter()
@@ -74,7 +74,9 @@ async def get_response(response_id: str, request: Request) -> dict[str, Any]:
                 db.expunge(row)
             return row
 
-    row = await asyncio.to_thread(load)
+    # committed before its answer was sent (gateway.commits); locate covers an answer
+    # released without its commit (database slow or down)
+    row = await locate(request, p.key_id, response_id, load)
     if (
         row is None
         or not visible(p, row.project_id, row.session_id)
