@@ -27,11 +27,9 @@ import time
 from collections import OrderedDict
 from typing import Any, Protocol
 
-from starlette.requests import Request
-
 from core.errors import APIError
 from gateway.credentials import presented_credential
-from gateway.errors import error_body, error_style
+from gateway.errors import send_error
 
 log = logging.getLogger("rlgate.ratelimit")
 
@@ -223,7 +221,7 @@ class RateLimitMiddleware:
         try:  # the key authentication will read (gateway.credentials)
             secret = presented_credential(scope.get("headers") or ())
         except APIError as e:
-            await _answer(scope, send, e)
+            await send_error(scope, send, e)
             return
         admin = settings.admin_key.get_secret_value() if settings.admin_key else None
         if not secret or (admin and hmac.compare_digest(secret.encode(), admin.encode())):
@@ -261,20 +259,10 @@ class RateLimitMiddleware:
                     1,
                 )
         if err is not None:
-            await _answer(scope, send, err)
+            await send_error(scope, send, err)
             return
         try:
             await self.app(scope, receive, send)
         finally:
             if token is not None:
                 await limiter.release("c:" + bucket, token)
-
-
-async def _answer(scope: dict, send: Any, err: APIError) -> None:
-    import json
-
-    body = json.dumps(error_body(error_style(Request(scope)), err)).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
-    await send({"type": "http.response.start", "status": err.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
