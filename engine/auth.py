@@ -1,9 +1,14 @@
 """``--api-key``: the engine's bearer-token check, as SGLang's server does it.
 
 With a key set, every request must carry ``Authorization: Bearer <key>``, except
-``OPTIONS`` requests and paths starting with ``/health`` or ``/metrics`` (SGLang leaves
-those open for load balancers and probes); anything else gets 401
-``{"error": "Unauthorized"}``. Without a key every route is open, as in SGLang.
+``OPTIONS`` requests and exactly ``/health`` and ``/metrics`` (left open for load
+balancers and probes); anything else gets 401 ``{"error": "Unauthorized"}``. Without a
+key every route is open, as in SGLang.
+
+One deliberate difference from SGLang (0.5.23, ``sglang/srt/utils/auth.py``
+``decide_request_auth``): SGLang leaves every path that *starts with* ``/health``,
+``/ready`` or ``/metrics`` open, so ``/health_generate``, which runs a generation, needs
+no key there. Here the open paths match exactly, so ``/health_generate`` needs the key.
 
 A plain ASGI middleware (not Starlette's ``BaseHTTPMiddleware``), so ``/generate`` still
 sees a client disconnect and aborts the request.
@@ -16,7 +21,7 @@ import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-OPEN_PREFIXES = ("/health", "/metrics")
+OPEN_PATHS = frozenset({"/health", "/metrics"})  # exact: see the module docstring
 _UNAUTHORIZED = json.dumps({"error": "Unauthorized"}).encode()
 
 
@@ -30,7 +35,7 @@ class ApiKeyMiddleware:
         self._expected = f"Bearer {api_key}".encode()
 
     def allowed(self, scope: Scope) -> bool:
-        if scope.get("method") == "OPTIONS" or scope["path"].startswith(OPEN_PREFIXES):
+        if scope.get("method") == "OPTIONS" or scope["path"] in OPEN_PATHS:
             return True
         sent = b""
         for name, value in scope.get("headers", []):

@@ -26,6 +26,7 @@ from core.settings import ConfigError, Settings, get_settings
 from gateway import exposure
 from gateway.adapter_sync import AdapterSync
 from gateway.auth import Authenticator
+from gateway.boundary import UrlCheckMiddleware
 from gateway.engine_client import EngineClient
 from gateway.errors import db_down_error, error_response
 from gateway.limits import BodyLimitMiddleware
@@ -156,6 +157,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(UrlCheckMiddleware)
     app.add_middleware(RateLimitMiddleware)
     app.add_middleware(MetricsMiddleware)
     exposure.install_openapi(app)

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.db import DB_DOWN, STALE_IF_DOWN_S
 from core.errors import APIError
 from core.keys import lookup_key
+from gateway.credentials import presented_credential
 from gateway.errors import db_down_error
 
 BOOTSTRAP_ADMIN_ID = "bootstrap-admin"
@@ -28,10 +29,8 @@ class Principal:
 
 
 def presented_secret(request: Request) -> str | None:
-    auth = request.headers.get("authorization", "")
-    if auth[:7].lower() == "bearer ":
-        return auth[7:].strip() or None
-    return request.headers.get("x-api-key") or None
+    """The request's one key (gateway.credentials: the rate limiter reads the same)."""
+    return presented_credential(request.scope.get("headers") or ())
 
 
 class Authenticator:

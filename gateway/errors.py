@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import Request
@@ -57,6 +58,18 @@ def error_body(style: str, err: APIError) -> dict[str, Any]:
         return {"type": "error", "error": {"type": kind, "message": err.message}}
     kind = _OPENAI_TYPES.get(err.status, "invalid_request_error")
     return {"error": {"message": err.message, "type": kind, "param": err.param, "code": err.code}}
+
+
+async def send_error(scope: dict[str, Any], send: Any, err: APIError, close: bool = False) -> None:
+    """Answer ``err`` from pure ASGI middleware, in the caller's error format
+    (``close``: ask the client to close the connection)."""
+    body = json.dumps(error_body(error_style(Request(scope)), err)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def error_response(request: Request, err: APIError) -> JSONResponse:

@@ -16,13 +16,10 @@ after the answer.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from starlette.requests import Request
-
 from core.errors import APIError
-from gateway.errors import error_body, error_style
+from gateway.errors import send_error
 
 DRAIN_BYTES = 64 * 1024 * 1024
 
@@ -49,7 +46,7 @@ class BodyLimitMiddleware:
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
             await _drain(receive, declared)
-            await self._answer(scope, send, too_large(self.max_bytes, declared))
+            await send_error(scope, send, too_large(self.max_bytes, declared), close=True)
             return
         seen = 0
 
@@ -65,21 +62,6 @@ class BodyLimitMiddleware:
             return message
 
         await self.app(scope, limited_receive, send)
-
-    async def _answer(self, scope: dict, send: Any, err: APIError) -> None:
-        body = json.dumps(error_body(error_style(Request(scope)), err)).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": err.status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
 
 
 def _content_length(scope: dict) -> int | None:

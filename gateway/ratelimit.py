@@ -10,8 +10,10 @@ warning is logged: a rate limiter must not turn a Redis outage into a gateway ou
 
 :class:`RateLimitMiddleware` applies the limits of the presented key (a hash of the
 secret names the bucket, so no database lookup is needed; the bootstrap admin key is
-exempt) and answers **429 with Retry-After** in the caller's error format (OpenAI
-``rate_limit_error``, Anthropic ``{"type": "error", "error": {"type": "rate_limit_error"}}``).
+exempt; it is the key authentication reads, gateway.credentials, and a request with
+more than one credential is a 400 here) and answers **429 with Retry-After** in the
+caller's error format (OpenAI ``rate_limit_error``, Anthropic
+``{"type": "error", "error": {"type": "rate_limit_error"}}``).
 """
 
 from __future__ import annotations
@@ -25,10 +27,9 @@ import time
 from collections import OrderedDict
 from typing import Any, Protocol
 
-from starlette.requests import Request
-
 from core.errors import APIError
-from gateway.errors import error_body, error_style
+from gateway.credentials import presented_credential
+from gateway.errors import send_error
 
 log = logging.getLogger("rlgate.ratelimit")
 
@@ -205,15 +206,6 @@ def key_bucket(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()[:32]
 
 
-def _secret(scope: dict) -> str | None:
-    headers = dict(scope.get("headers") or [])
-    auth = headers.get(b"authorization", b"").decode("latin-1")
-    if auth[:7].lower() == "bearer ":
-        return auth[7:].strip() or None
-    key = headers.get(b"x-api-key", b"").decode("latin-1")
-    return key or None
-
-
 class RateLimitMiddleware:
     """Pure ASGI: per-key requests/s, feedback posts/s and concurrent model calls (a slot
     is held until the last byte of the response, so a stream holds it while it runs)."""
@@ -226,7 +218,11 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
             return
         settings = settings_of(scope["app"])
-        secret = _secret(scope)
+        try:  # the key authentication will read (gateway.credentials)
+            secret = presented_credential(scope.get("headers") or ())
+        except APIError as e:
+            await send_error(scope, send, e)
+            return
         admin = settings.admin_key.get_secret_value() if settings.admin_key else None
         if not secret or (admin and hmac.compare_digest(secret.encode(), admin.encode())):
             await self.app(scope, receive, send)
@@ -263,20 +259,10 @@ class RateLimitMiddleware:
                     1,
                 )
         if err is not None:
-            await _answer(scope, send, err)
+            await send_error(scope, send, err)
             return
         try:
             await self.app(scope, receive, send)
         finally:
             if token is not None:
                 await limiter.release("c:" + bucket, token)
-
-
-async def _answer(scope: dict, send: Any, err: APIError) -> None:
-    import json
-
-    body = json.dumps(error_body(error_style(Request(scope)), err)).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
-    await send({"type": "http.response.start", "status": err.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

@@ -29,14 +29,23 @@ def too_deep() -> APIError:
     return bad_request(f"the JSON body is nested more than {MAX_DEPTH} levels deep; flatten it")
 
 
-def _bad_char(where: str, s: str) -> APIError:
+def unstorable(s: str) -> bool:
+    """Whether ``s`` holds a character the database cannot store (NUL, lone surrogate)."""
+    return _UNSTORABLE.search(s) is not None
+
+
+def bad_char(where: str, s: str, param: str | None = None) -> APIError:
+    """The 400 for ``s`` (found at ``where``; ``param`` defaults to it), which holds a
+    character that cannot be stored."""
     ch = _UNSTORABLE.search(s)
     what = (
         "a NUL character (\\u0000)"
         if ch and ch.group() == "\x00"
         else "an unpaired UTF-16 surrogate (\\ud800-\\udfff)"
     )
-    return bad_request(f"{where} contains {what}, which cannot be stored; remove it", where)
+    return bad_request(
+        f"{where} contains {what}, which cannot be stored; remove it", param or where
+    )
 
 
 def _path(parts: tuple[Any, ...]) -> str:
@@ -55,7 +64,7 @@ def check_body(body: Any) -> Any:
         node, path = stack.pop()
         if isinstance(node, str):
             if _UNSTORABLE.search(node):
-                raise _bad_char(_path(path), node)
+                raise bad_char(_path(path), node)
             if node.count("[") + node.count("{") > MAX_DEPTH and _deep_json_text(node):
                 raise bad_request(
                     f"{_path(path)} holds JSON nested more than {MAX_DEPTH} levels deep; "
@@ -70,7 +79,7 @@ def check_body(body: Any) -> Any:
         if isinstance(node, dict):
             for k, v in node.items():
                 if _UNSTORABLE.search(k):
-                    raise _bad_char(f"a key in {_path(path)}", k)
+                    raise bad_char(f"a key in {_path(path)}", k)
                 stack.append((v, (*path, k)))
         else:
             stack.extend((v, (*path, i)) for i, v in enumerate(node))
@@ -114,7 +123,7 @@ def bounded_str(body: dict[str, Any], name: str, limit: int = SESSION_FIELD_MAX)
             f"'{name}' is {len(v)} characters long; at most {limit} are allowed", name
         )
     if _UNSTORABLE.search(v):
-        raise _bad_char(f"'{name}'", v)
+        raise bad_char(f"'{name}'", v)
     return v
 
 
@@ -131,6 +140,6 @@ def check_session_fields(external_id: str | None, agent_name: Any) -> None:
                 "X-Session-Id",
             )
         if _UNSTORABLE.search(external_id):
-            raise _bad_char("the session id (X-Session-Id header or metadata.user_id)", external_id)
+            raise bad_char("the session id (X-Session-Id header or metadata.user_id)", external_id)
     if agent_name is not None:
         bounded_str({"metadata.agent_name": agent_name}, "metadata.agent_name")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -31,7 +30,7 @@ from gateway.admin.params import (
     session_filters,
 )
 from gateway.admin_actions import ActionError
-from gateway.routing import gw_of
+from gateway.routing import gw_of, read_json
 
 router = APIRouter(include_in_schema=False)
 
@@ -53,13 +52,12 @@ def action_errors(route: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
+    """The JSON object sent, checked as the client APIs' bodies are (gateway.routing
+    ``read_json``: a 400 for nesting past the limit, a NUL or a lone surrogate)."""
     raw = await request.body()
     if not raw.strip():
         return {}
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise APIError(400, "the request body is not valid JSON") from None
+    body = await read_json(request)
     if not isinstance(body, dict):
         raise APIError(400, "the request body must be a JSON object")
     return body

@@ -85,9 +85,14 @@ def test_routes_refuse_requests_without_the_key(keyed: Proc, allowed: dict[str, 
             assert r.json() == {"error": "Unauthorized"}
         for path in ("/get_server_info", "/v1/models", "/get_model_info"):
             assert httpx.get(keyed.url + path, headers=headers).status_code == 401
-    # SGLang leaves health probes open
+    # the health probe stays open; /health_generate runs a generation, so it needs the
+    # key (issue 26, finding 8: SGLang's open "/health" prefix matched it)
     assert httpx.get(keyed.url + "/health").status_code == 200
-    assert httpx.get(keyed.url + "/health_generate", timeout=120).status_code == 200
+    for headers in (None, {"Authorization": "Bearer wrong"}):
+        for path in ("/health_generate", "/healthz", "/metrics_x"):
+            r = httpx.get(keyed.url + path, headers=headers, timeout=120)
+            assert r.status_code == 401, (path, headers, r.text)
+    assert httpx.get(keyed.url + "/health_generate", headers=AUTH, timeout=120).status_code == 200
     # nothing was loaded by the refused call
     info = httpx.get(keyed.url + "/get_server_info", headers=AUTH).json()
     assert info["lora_use_counts"] == {}
