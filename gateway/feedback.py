@@ -32,6 +32,7 @@ from core.feedback import (
 from gateway.auth import BOOTSTRAP_ADMIN_ID, Principal
 from gateway.errors import bad_request
 from gateway.storable import bounded_str
+from schemas.atdp import FeedbackSource
 
 log = logging.getLogger("rlgate.feedback")
 
@@ -42,7 +43,7 @@ SCALES = {
     "stars5": "stars-5",
     "scalar": "scalar",
 }
-SOURCES = ("user", "verifier", "judge", "system")
+SOURCES = tuple(s.value for s in FeedbackSource)  # one list: schemas/atdp.py
 _UP = {"up", "thumbs_up", "thumbs-up", "true"}
 _DOWN = {"down", "thumbs_down", "thumbs-down", "false"}
 FIELDS = {
