@@ -72,6 +72,8 @@ class Sampling:
     seed: int | None = None
     json_schema: str | None = None
     skip_special_tokens: bool = True
+    frequency_penalty: float = 0.0  # OpenAI's, in [-2, 2]; sent only when not 0
+    presence_penalty: float = 0.0
 
     def params(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -89,6 +91,9 @@ class Sampling:
             out["sampling_seed"] = self.seed
         if self.json_schema is not None:
             out["json_schema"] = self.json_schema
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, name):
+                out[name] = getattr(self, name)
         return out
 
 

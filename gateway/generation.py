@@ -33,6 +33,7 @@ class Prepared:
     started: float = field(default_factory=time.monotonic)
     ttft_ms: float | None = None
     engine_url: str | None = None
+    attempt: int = 0  # the client SDK's retry count of this request (gateway/retries.py)
 
     @property
     def policy_version(self) -> str:
@@ -67,6 +68,8 @@ def engine_payload(prep: Prepared, index: int, stream: bool) -> dict[str, Any]:
         stop=s.stop or None,
         seed=s.seed + index if s.seed is not None else None,
         json_schema=s.json_schema,
+        frequency_penalty=s.frequency_penalty,
+        presence_penalty=s.presence_penalty,
     )
     return proto.generate_body(
         prep.prompt_ids,
@@ -156,6 +159,8 @@ def interaction_record(
         completion_logprobs=c.logprobs,
         temperature=prep.req.sampling.temperature,
         top_p=prep.req.sampling.top_p,
+        frequency_penalty=prep.req.sampling.frequency_penalty,
+        presence_penalty=prep.req.sampling.presence_penalty,
         policy_version=prep.policy_version,
         finish_reason=c.finish_reason,
         output=output_json(c),
@@ -169,4 +174,5 @@ def interaction_record(
         engine_url=prep.engine_url,
         created_at=now,
         continuation_hash=conversation_hash([*prep.req.messages, answer]),
+        attempt=prep.attempt,
     )
