@@ -73,6 +73,8 @@ class Sampling:
     json_schema: str | None = None
     structural_tag: str | None = None  # the JSON text of ``structural_tag()``
     skip_special_tokens: bool = True
+    frequency_penalty: float = 0.0  # OpenAI's, in [-2, 2]; sent only when not 0
+    presence_penalty: float = 0.0
 
     def params(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -92,6 +94,9 @@ class Sampling:
             out["json_schema"] = self.json_schema
         if self.structural_tag is not None:
             out["structural_tag"] = self.structural_tag
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, name):
+                out[name] = getattr(self, name)
         return out
 
 

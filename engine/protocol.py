@@ -43,9 +43,10 @@ class SamplingParamsIn(BaseModel):
     n: int = Field(1, ge=1, le=MAX_N)
     seed: int | None = None
     sampling_seed: int | None = None
+    # SGLang's ranges (SamplingParams.verify): [-2, 2]
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     # Accepted only at their neutral values (the embedded engine does not implement them).
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
     min_new_tokens: int = 0
     regex: str | None = None
@@ -72,8 +73,6 @@ class SamplingParamsIn(BaseModel):
     @model_validator(mode="after")
     def _neutral(self) -> SamplingParamsIn:
         unsupported = {
-            "frequency_penalty": (self.frequency_penalty, 0.0),
-            "presence_penalty": (self.presence_penalty, 0.0),
             "repetition_penalty": (self.repetition_penalty, 1.0),
             "min_new_tokens": (self.min_new_tokens, 0),
             "logit_bias": (self.logit_bias or None, None),
@@ -111,6 +110,8 @@ class SamplingParamsIn(BaseModel):
             skip_special_tokens=self.skip_special_tokens,
             no_stop_trim=self.no_stop_trim,
             seed=self.seed if self.seed is not None else self.sampling_seed,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
         )
 
 

@@ -9,6 +9,12 @@ Logprob semantics follow SGLang's sampler (default settings):
   distribution;
 * with the env var ``SGLANG_RETURN_ORIGINAL_LOGPROB`` true, the logprob is always
   ``log_softmax(logits)`` (unscaled), as in SGLang.
+
+Frequency and presence penalties are applied to the logits first, as SGLang's penalizers
+do (before the grammar mask and the temperature): ``logit[t] -= frequency_penalty *
+count(t) + presence_penalty * (count(t) > 0)``, counting the tokens this sequence has
+generated so far (not the prompt). The reported logprobs are of the penalized
+distribution, as in SGLang.
 """
 
 from __future__ import annotations
@@ -38,11 +44,17 @@ class SamplingParams:
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
     seed: int | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     grammar: str | None = None  # a compiled llguidance grammar (engine/grammar.py), or None
 
     @property
     def greedy(self) -> bool:
         return self.temperature < 1e-6
+
+    @property
+    def penalized(self) -> bool:
+        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
 
 @dataclass
@@ -58,10 +70,15 @@ def sample_batch(
     generators: list[torch.Generator],
     top_logprobs_num: list[int],
     constraints: list[Constraint | None] | None = None,
+    generated: list[list[int]] | None = None,
 ) -> list[SampledToken]:
-    """Sample one token per row of ``logits`` ``(B, V)`` (float32). A row with a grammar
-    ``constraint`` is masked first (its logprobs are those of the masked distribution, as
-    in SGLang), and the drawn token is fed to the constraint."""
+    """Sample one token per row of ``logits`` ``(B, V)`` (float32). A row with penalties
+    is penalized by its ``generated`` ids so far, then a row with a grammar ``constraint``
+    is masked (its logprobs are those of the penalized, masked distribution, as in
+    SGLang), and the drawn token is fed to the constraint."""
+    penalties = penalty_logits(logits, params, generated)
+    if penalties is not None:  # out of place: the model's logits are inference tensors
+        logits = logits - penalties
     for row, c in enumerate(constraints or ()):
         if c is not None:
             c.mask_(logits[row])
@@ -84,6 +101,24 @@ def sample_batch(
     for c, tok in zip(constraints or (), out, strict=False):
         if c is not None:
             c.accept(tok.token_id)
+    return out
+
+
+def penalty_logits(
+    logits: torch.Tensor, params: list[SamplingParams], generated: list[list[int]] | None
+) -> torch.Tensor | None:
+    """What OpenAI's frequency and presence penalties subtract from each row of
+    ``logits``: ``f * count + p * (count > 0)`` over the ids generated so far; None when
+    no row is penalized."""
+    rows = [r for r, p in enumerate(params) if p.penalized and generated and generated[r]]
+    if not rows or generated is None:
+        return None
+    out = torch.zeros(logits.shape, dtype=logits.dtype)
+    for r in rows:
+        p, ids = params[r], torch.tensor(generated[r], dtype=torch.long)
+        counts = torch.zeros(logits.shape[1], dtype=logits.dtype)
+        counts.index_add_(0, ids, torch.ones(len(ids), dtype=logits.dtype))
+        out[r] = p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
     return out
 
 

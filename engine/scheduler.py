@@ -212,6 +212,7 @@ class Scheduler:
                 [r.generator for r in reqs],
                 [r.top_logprobs_num for r in reqs],
                 [r.constraint for r in reqs],
+                [r.output_ids for r in reqs],
             )
         except Exception:
             log.error("prefill of %d request(s) failed:\n%s", len(reqs), traceback.format_exc())
@@ -235,6 +236,7 @@ class Scheduler:
             [r.generator for r in running],
             [r.top_logprobs_num for r in running],
             [r.constraint for r in running],
+            [r.output_ids for r in running],
         )
         self.steps += 1
         for req, tok in zip(list(running), sampled, strict=True):

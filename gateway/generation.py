@@ -34,6 +34,7 @@ class Prepared:
     ttft_ms: float | None = None
     engine_url: str | None = None
     forced_tools: str | None = None  # the structural_tag of forced calls (forced_tools.py)
+    attempt: int = 0  # the client SDK's retry count of this request (gateway/retries.py)
 
     @property
     def policy_version(self) -> str:
@@ -70,6 +71,8 @@ def engine_payload(prep: Prepared, index: int, stream: bool) -> dict[str, Any]:
         seed=s.seed + index if s.seed is not None else None,
         json_schema=None if prep.forced_tools else s.json_schema,
         structural_tag=prep.forced_tools,
+        frequency_penalty=s.frequency_penalty,
+        presence_penalty=s.presence_penalty,
     )
     return proto.generate_body(
         prep.prompt_ids,
@@ -159,6 +162,8 @@ def interaction_record(
         completion_logprobs=c.logprobs,
         temperature=prep.req.sampling.temperature,
         top_p=prep.req.sampling.top_p,
+        frequency_penalty=prep.req.sampling.frequency_penalty,
+        presence_penalty=prep.req.sampling.presence_penalty,
         policy_version=prep.policy_version,
         finish_reason=c.finish_reason,
         output=output_json(c),
@@ -172,4 +177,5 @@ def interaction_record(
         engine_url=prep.engine_url,
         created_at=now,
         continuation_hash=conversation_hash([*prep.req.messages, answer]),
+        attempt=prep.attempt,
     )

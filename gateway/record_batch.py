@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
+from gateway.retries import mark_retries
 from schemas.atdp import Interaction
 from schemas.atdp import Session as SessionRecord
 from schemas.convert import to_row
@@ -67,4 +68,5 @@ def write_batch(db: Session, entries: list[dict[str, Any]]) -> tuple[int, set[st
         .values(last_activity_at=bindparam("at")),
         [{"sid": sid, "at": at} for sid, at in last_activity.items()],
     )
+    mark_retries(db, rows)  # an SDK's resend supersedes the answer it never received
     return len(fresh), set(carried)

@@ -44,6 +44,12 @@ class Sampling:
     logprobs: bool = False
     top_logprobs: int = 0
     json_schema: str | None = None  # structured output: SGLang's json_schema param (JSON text)
+    frequency_penalty: float = 0.0  # OpenAI's penalties, [-2, 2]; a penalized sample is
+    presence_penalty: float = 0.0  # recorded as such and never trained (trainer/data.py)
+
+    @property
+    def penalized(self) -> bool:
+        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
 
 @dataclass

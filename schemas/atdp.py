@@ -185,6 +185,12 @@ class Interaction(Record):
     )
     temperature: float = Field(ge=0)
     top_p: float = Field(gt=0, le=1)
+    frequency_penalty: float = Field(
+        0.0, ge=-2, le=2, description="OpenAI's; not 0: sampled from a penalized distribution"
+    )
+    presence_penalty: float = Field(
+        0.0, ge=-2, le=2, description="OpenAI's; not 0: sampled from a penalized distribution"
+    )
     policy_version: str = Field(description="adapter name that served the call, or 'base'")
     finish_reason: str = Field(description="stop, length, tool_calls or abort")
     output: ParsedOutput
@@ -199,6 +205,14 @@ class Interaction(Record):
     consumed_by_run_id: Id | None = None
     continuation_hash: str | None = Field(
         None, description="hash of the request messages plus this answer (session stitching)"
+    )
+    attempt: int = Field(
+        0,
+        ge=0,
+        description="the client SDK's retry count of this request (x-stainless-retry-count)",
+    )
+    superseded_by: Id | None = Field(
+        None, description="the client's retry of this same request: this answer was orphaned"
     )
 
     @model_validator(mode="after")

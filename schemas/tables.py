@@ -130,6 +130,8 @@ class InteractionRow(Base):
     completion_logprobs: Mapped[list[float]] = mapped_column(Logprobs)
     temperature: Mapped[float] = mapped_column(Float)
     top_p: Mapped[float] = mapped_column(Float)
+    frequency_penalty: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    presence_penalty: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     policy_version: Mapped[str] = mapped_column(String(200))
     finish_reason: Mapped[str] = mapped_column(String(32))
     output: Mapped[dict[str, Any]] = mapped_column()
@@ -143,6 +145,10 @@ class InteractionRow(Base):
     # hash of (request messages + this answer): a later call whose messages start with
     # exactly this conversation continues it (session stitching, parent links)
     continuation_hash: Mapped[str | None] = mapped_column(String(64))
+    # a client SDK's resend of a timed-out request (gateway/retries.py): its retry count,
+    # and on the orphaned earlier answer the id of the retry that replaced it
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    superseded_by: Mapped[str | None] = mapped_column(ID)
 
 
 class FeedbackRow(Base):

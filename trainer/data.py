@@ -7,6 +7,14 @@ sequence (trainer/merge.py), each still its own sample in the loss.
 Samples of a version newer than the serving one (it was rolled back) are skipped and stay
 unconsumed. Records marked redacted (``request["rlgate_redaction"]["redacted"]``: the
 gateway redacted them or retention purged them) are never selected or counted.
+
+Two kinds of record are never trained on, skipped with their reason counted (and not
+counted by the triggers, ``countable_where``):
+- ``penalized``: sampled with a frequency or presence penalty, so the recorded logprobs
+  are of the penalized distribution, not the policy's, and the off-policy correction
+  would need the policy's own (docs/trainer.md);
+- ``superseded``: a client SDK resent the request (a timeout) and the answer it never
+  received was replaced by the retry's (``superseded_by``, gateway/retries.py).
 """
 
 from __future__ import annotations
@@ -78,6 +86,29 @@ def trainable_where(project_id: str):  # type: ignore[no-untyped-def]
 REDACTION_MARKER = "rlgate_redaction"
 
 
+def countable_where(project_id: str):  # type: ignore[no-untyped-def]
+    """What the triggers count: trainable rows that selection will not skip by kind."""
+    return (*trainable_where(project_id), *trains_on())
+
+
+def trains_on():  # type: ignore[no-untyped-def]
+    """SQL: not penalized and not superseded (selection skips those, counted)."""
+    return (
+        InteractionRow.frequency_penalty == 0,
+        InteractionRow.presence_penalty == 0,
+        InteractionRow.superseded_by.is_(None),
+    )
+
+
+def never_trained(row: InteractionRow) -> str | None:
+    """The reason a record is never trained on, or None (``trains_on`` in Python)."""
+    if row.superseded_by is not None:
+        return "superseded"
+    if row.frequency_penalty or row.presence_penalty:
+        return "penalized"
+    return None
+
+
 def not_redacted():  # type: ignore[no-untyped-def]
     """SQL: the record is not marked ``request["rlgate_redaction"]["redacted"]``."""
     flag = InteractionRow.request[(REDACTION_MARKER, "redacted")].as_boolean()
@@ -96,7 +127,7 @@ def count_trainable(db: Session, project_id: str, max_staleness: int) -> int:
         db.scalar(
             select(func.count())
             .select_from(InteractionRow)
-            .where(*trainable_where(project_id), InteractionRow.policy_version.in_(names))
+            .where(*countable_where(project_id), InteractionRow.policy_version.in_(names))
         )
         or 0
     )
@@ -114,6 +145,10 @@ def select_samples(
         .order_by(InteractionRow.created_at, InteractionRow.id)
     ).all()
     for row, task_id in rows:
+        excluded = never_trained(row)
+        if excluded:
+            out.skipped[excluded] += 1
+            continue
         version = versions.get(row.policy_version)
         if version is None:
             out.skipped["unknown_policy"] += 1

@@ -20,7 +20,7 @@ from schemas.coltypes import utcnow
 from schemas.tables import InteractionRow, ProjectRow, TrainingRunRow
 from trainer import guards
 from trainer.config import TrainConfig
-from trainer.data import fresh_versions, trainable_where
+from trainer.data import countable_where, fresh_versions
 
 log = logging.getLogger("rlgate.trainer")
 
@@ -36,7 +36,7 @@ def count_signal(db: Session, project_id: str, max_staleness: int) -> int:
             func.min(InteractionRow.reward),
             func.max(InteractionRow.reward),
         )
-        .where(*trainable_where(project_id), InteractionRow.policy_version.in_(names))
+        .where(*countable_where(project_id), InteractionRow.policy_version.in_(names))
         .group_by(InteractionRow.group_id)
     ).all()
     total = 0

@@ -21,6 +21,7 @@ from core.errors import APIError
 from gateway.auth import Principal, require_model_key
 from gateway.errors import bad_request
 from gateway.request import Completion, GenerationRequest, Message, Sampling, Tool
+from gateway.retries import client_attempt
 from gateway.routing import gw_of, headers_for, principal, read_json
 from gateway.service import Prepared, StreamEvent, open_stream, replay
 from gateway.state import Gateway
@@ -281,12 +282,14 @@ class Call:
         fit the context is an upper bound: dropped for what the context leaves (Claude Code
         asks for 32000 whatever the model's context) instead of refused."""
         try:
-            return await self.gw.pipeline.prepare(self.principal, req, prefix)
+            prep = await self.gw.pipeline.prepare(self.principal, req, prefix)
         except APIError as e:
             if not fit_max_tokens or e.param != "max_tokens":
                 raise
-        req.sampling.max_tokens = None
-        return await self.gw.pipeline.prepare(self.principal, req, prefix)
+            req.sampling.max_tokens = None
+            prep = await self.gw.pipeline.prepare(self.principal, req, prefix)
+        prep.attempt = client_attempt(self.request.headers)
+        return prep
 
 
 async def open_call(request: Request) -> Call:

@@ -129,7 +129,7 @@ CORPUS: list[dict[str, Any]] = [
     chat("chat unknown param", max_tokens=4, frobnicate=True),
     chat("chat functions", max_tokens=4, functions=[]),
     chat("chat logit_bias", max_tokens=4, logit_bias={"1": 1}),
-    chat("chat penalty", max_tokens=4, frequency_penalty=0.5),
+    chat("chat penalty out of range", max_tokens=4, frequency_penalty=2.5),
     chat("chat temperature out of range", temperature=5),
     chat("chat empty messages", messages=[]),
     chat("chat bad role", messages=[{"role": "robot", "content": "x"}]),

@@ -38,8 +38,9 @@ class ChatRequest(Loose):
     user: str | None = None
     metadata: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
+    # OpenAI's range; a penalized sample is recorded as such and not trained on
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
 

@@ -159,6 +159,8 @@ def _sampling(req: ChatRequest, json_schema: str | None) -> Sampling:
         logprobs=req.logprobs,
         top_logprobs=req.top_logprobs or 0,
         json_schema=json_schema,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
     )
 
 
@@ -167,9 +169,6 @@ def to_internal(body: Any, session_header: str | None) -> GenerationRequest:
     json_schema = openai_format(req.response_format, "response_format", nested=True)
     if req.logit_bias:
         raise bad_request("logit_bias is not supported; remove it", "logit_bias")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if getattr(req, name):
-            raise bad_request(f"{name} is not supported; remove it or set it to 0", name)
     base.reject_unknown(req, IGNORED, REFUSED)
     choice = _tool_choice(req, parse_tools(req.tools))
     sampling = _sampling(req, json_schema)

@@ -32,6 +32,10 @@ class ResponsesRequest(Loose):
     reasoning: dict[str, Any] | None = None
     include: list[Any] | None = None
     truncation: str | None = None
+    # not in OpenAI's Responses reference but in Chat Completions' and the Open Responses
+    # spec's (clients send them): [-2, 2]; a penalized sample is not trained on
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
 
 
 # accepted and ignored: they do not change what the model generates here.

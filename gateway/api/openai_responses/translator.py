@@ -193,6 +193,8 @@ def to_internal(
         top_p=1.0 if req.top_p is None else req.top_p,
         max_tokens=req.max_output_tokens,
         json_schema=openai_format((req.text or {}).get("format"), "text.format", nested=False),
+        frequency_penalty=req.frequency_penalty or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
     )
     fields = {
         "include_usage": True,
