@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
 
 from core.db import make_engine
-from core.migrate import downgrade, upgrade
+from core.migrate import alembic_config, downgrade, upgrade
 from schemas.tables import Base
 
 TABLES = {
@@ -23,7 +25,9 @@ TABLES = {
     "training_runs",
     "audit_events",
     "judge_calls",
+    "verify_leases",
 }
+MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations" / "versions"
 
 
 def _tables(url: str) -> set[str]:
@@ -50,7 +54,9 @@ def test_cli_migrate_creates_full_schema(db_url, monkeypatch):
         [sys.executable, "-m", "rlgate.cli", "migrate"], capture_output=True, text=True
     )
     assert out.returncode == 0, out.stderr
-    assert "revision 0003" in out.stdout
+    head = ScriptDirectory.from_config(alembic_config(db_url)).get_current_head()
+    assert head == sorted(p.name[:4] for p in MIGRATIONS.glob("0*.py"))[-1]  # one head
+    assert f"revision {head}" in out.stdout
     assert _tables(db_url) == TABLES
 
 

@@ -47,7 +47,10 @@ def test_penalties_are_sent_recorded_and_not_trained(stack) -> None:  # type: ig
         presence_penalty=0.5,
     )
     resp = client.responses.create(
-        model="rlgate-policy", input="Say hello.", max_output_tokens=8, presence_penalty=1.0
+        model="rlgate-policy",
+        input="Say hello.",
+        max_output_tokens=8,
+        extra_body={"presence_penalty": 1.0},  # not in the Responses SDK: vLLM-style extra
     )
     rec_plain, rec_pen, rec_resp = wait_recorded(stack, [plain.id, pen.id, resp.id])
     assert (rec_plain.frequency_penalty, rec_plain.presence_penalty) == (0.0, 0.0)
