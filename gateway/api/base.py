@@ -164,6 +164,18 @@ def internal_request(
     )
 
 
+def token_ids(prep: Prepared, c: Completion | None = None) -> dict[str, Any]:
+    """``return_token_ids`` (vLLM's opt-in): ``prompt_token_ids`` and, for a finished
+    choice ``c``, its ``token_ids``, exactly as the engine saw and sampled them (and as
+    they are recorded); empty unless the client asked."""
+    if not prep.req.return_token_ids:
+        return {}
+    out: dict[str, Any] = {"prompt_token_ids": prep.prompt_ids}
+    if c is not None:
+        out["token_ids"] = c.output_ids
+    return out
+
+
 # ---- the dashboard -----------------------------------------------------------------
 
 

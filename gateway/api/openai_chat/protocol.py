@@ -42,6 +42,7 @@ class ChatRequest(Loose):
     presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
+    return_token_ids: bool = False  # vLLM's: prompt_token_ids, and token_ids per choice
 
 
 # accepted and ignored: they do not change what the model generates

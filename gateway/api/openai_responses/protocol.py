@@ -32,6 +32,7 @@ class ResponsesRequest(Loose):
     reasoning: dict[str, Any] | None = None
     include: list[Any] | None = None
     truncation: str | None = None
+    return_token_ids: bool = False  # vLLM's opt-in; rlgate's place: the Response object
 
 
 # accepted and ignored: they do not change what the model generates here.
