@@ -1,4 +1,4 @@
-"""What the three API translators share: request validation and its error messages,
+"""What the four API translators share: request validation and its error messages,
 unknown-field rejection, tool-name and tool-schema checks, SSE encoding, the model-key
 check, and the one way a call is answered (``respond``: JSON, or a stream driven through an
 API's ``StreamWriter`` by ``write_stream``)."""
