@@ -203,10 +203,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     from gateway.api import models
     from gateway.api.anthropic_messages import router as anthropic_messages
     from gateway.api.openai_chat import router as openai_chat
+    from gateway.api.openai_completions import router as openai_completions
     from gateway.api.openai_responses import router as openai_responses
 
     for mod in (
         openai_chat,
+        openai_completions,
         models,
         session_routes,
         anthropic_messages,

@@ -47,6 +47,7 @@ class Prepared:
 @dataclass
 class StreamEvent:
     index: int
+    text: str = ""  # the engine's text delta, unparsed (what the Completions API streams)
     content: str = ""
     reasoning: str = ""
     tool_calls: list[ToolCallOut] = field(default_factory=list)

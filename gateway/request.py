@@ -54,7 +54,7 @@ class Sampling:
 
 @dataclass
 class GenerationRequest:
-    protocol: str  # openai-chat | openai-responses | anthropic-messages
+    protocol: str  # openai-chat | openai-responses | anthropic-messages | openai-completions
     model: str
     messages: list[Message]
     tools: list[Tool] = field(default_factory=list)
@@ -68,6 +68,11 @@ class GenerationRequest:
     metadata: dict[str, Any] = field(default_factory=dict)
     session_hint: str | None = None  # a client's own session id (header or metadata)
     raw: dict[str, Any] = field(default_factory=dict)  # the request as the client sent it
+    # A raw prompt (the Completions API): its text, tokenized without a chat template, or
+    # its token ids as the client sent them. ``messages`` then holds it as one user message
+    # (what sessions hash and the dashboard shows).
+    raw_prompt: str | list[int] | None = None
+    return_token_ids: bool = False  # vLLM's opt-in: the answer carries prompt and output ids
 
 
 @dataclass

@@ -145,6 +145,8 @@ class Pipeline:
         check_prompt_chars(
             req.messages, req.tools, self.renderer.context_length, self.prompt_chars_per_token
         )
+        if req.raw_prompt is not None:  # the Completions API: no chat template
+            return await self.render_pool.run(self.renderer.raw_prompt, req.raw_prompt)
         _, ids = await self.render_pool.run(
             self.renderer.render, req.messages, req.tools, req.chat_template_kwargs
         )
@@ -156,21 +158,22 @@ class Pipeline:
         self.recorder.admit()  # 503 while the recording backlog is over its cap
         ids = await self.prompt_ids(req)
         ctx_len = self.renderer.context_length
+        where = "messages" if req.raw_prompt is None else "prompt"
         if len(ids) >= ctx_len:
             raise bad_request(
                 f"the prompt is {len(ids)} tokens but the model's context is {ctx_len} tokens; "
                 "shorten the conversation, serve a policy with a longer context, or trim the "
                 "client's own prompt (docs/clients/ in the rlgate repository has trimmed "
                 "configurations for Claude Code, OpenClaw and Codex)",
-                "messages",
+                where,
             )
         room = ctx_len - len(ids)
         max_tokens = req.sampling.max_tokens or min(room, self.default_max_tokens or room)
         if len(ids) + max_tokens > ctx_len:
             raise bad_request(
                 f"this model's maximum context length is {ctx_len} tokens; you requested "
-                f"{len(ids) + max_tokens} ({len(ids)} in the messages, {max_tokens} for the "
-                "completion); reduce max_tokens or the messages",
+                f"{len(ids) + max_tokens} ({len(ids)} in the {where}, {max_tokens} for the "
+                f"completion); reduce max_tokens or the {where}",
                 "max_tokens",
             )
         agent = req.metadata.get("agent_name") if isinstance(req.metadata, dict) else None
@@ -198,8 +201,12 @@ class Pipeline:
             return None
         return self.tool_parser
 
+    def _reasoning(self, prep: Prepared) -> bool:
+        """A raw prompt's answer is text as the model wrote it: no reasoning split."""
+        return self.reasoning and prep.req.raw_prompt is None
+
     def _completion(self, prep: Prepared, index: int, out: dict[str, Any]) -> Completion:
-        return engine_completion(prep, index, out, self._parser_name(prep), self.reasoning)
+        return engine_completion(prep, index, out, self._parser_name(prep), self._reasoning(prep))
 
     # ---- generation ------------------------------------------------------------------
 
@@ -260,7 +267,7 @@ class Pipeline:
 
         async def one(index: int) -> None:
             name = self._parser_name(prep)
-            parser = StreamingParser(TOOL_PARSERS[name]() if name else None, self.reasoning)
+            parser = StreamingParser(TOOL_PARSERS[name]() if name else None, self._reasoning(prep))
             reader = proto.StreamReader()
             partial[index] = reader
             async with self.engines.stream(
@@ -272,10 +279,11 @@ class Pipeline:
                     if prep.ttft_ms is None and new.ids:
                         prep.ttft_ms = (time.monotonic() - prep.started) * 1000
                     d = parser.feed(new.text)
-                    if d.content or d.reasoning or d.tool_calls or new.ids:
+                    if d.content or d.reasoning or d.tool_calls or new.ids or new.text:
                         await queue.put(
                             StreamEvent(
                                 index=index,
+                                text=new.text,
                                 content=d.content,
                                 reasoning=d.reasoning,
                                 tool_calls=d.tool_calls,

@@ -218,5 +218,26 @@ class ChatRenderer:
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         return text, ids
 
+    def raw_prompt(self, prompt: str | list[int], where: str = "prompt") -> list[int]:
+        """A prompt without a chat template (the Completions API): text tokenized as it is
+        (with the special tokens the tokenizer adds, as vLLM does), or token ids checked
+        against the vocabulary. CPU-bound like ``render``. A 400 for an empty prompt or an
+        id the model does not have."""
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt, add_special_tokens=True)
+        else:
+            vocab = len(self.tokenizer)
+            bad = next((i for i in prompt if not 0 <= i < vocab), None)
+            if bad is not None:
+                raise bad_request(
+                    f"{where} holds token id {bad}, outside this model's vocabulary "
+                    f"(0 to {vocab - 1})",
+                    where,
+                )
+            ids = list(prompt)
+        if not ids:
+            raise bad_request(f"{where} is empty; send at least one token", where)
+        return ids
+
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

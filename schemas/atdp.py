@@ -45,6 +45,7 @@ class ClientProtocol(StrEnum):
     openai_chat = "openai-chat"
     openai_responses = "openai-responses"
     anthropic_messages = "anthropic-messages"
+    openai_completions = "openai-completions"
     areal = "areal"
 
 

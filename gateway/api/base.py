@@ -1,4 +1,4 @@
-"""What the three API translators share: request validation and its error messages,
+"""What the four API translators share: request validation and its error messages,
 unknown-field rejection, tool-name and tool-schema checks, SSE encoding, the model-key
 check, and the one way a call is answered (``respond``: JSON, or a stream driven through an
 API's ``StreamWriter`` by ``write_stream``)."""
@@ -163,6 +163,18 @@ def internal_request(
         raw=body,
         **fields,
     )
+
+
+def token_ids(prep: Prepared, c: Completion | None = None) -> dict[str, Any]:
+    """``return_token_ids`` (vLLM's opt-in): ``prompt_token_ids`` and, for a finished
+    choice ``c``, its ``token_ids``, exactly as the engine saw and sampled them (and as
+    they are recorded); empty unless the client asked."""
+    if not prep.req.return_token_ids:
+        return {}
+    out: dict[str, Any] = {"prompt_token_ids": prep.prompt_ids}
+    if c is not None:
+        out["token_ids"] = c.output_ids
+    return out
 
 
 # ---- the dashboard -----------------------------------------------------------------

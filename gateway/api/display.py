@@ -1,5 +1,6 @@
 """A stored request's conversation for the dashboard, read by the translator of the API
-that took it (the interaction id's prefix names it: ``chatcmpl-``, ``msg_``, ``resp_``)."""
+that took it (the interaction id's prefix names it: ``chatcmpl-``, ``msg_``, ``resp_``,
+``cmpl-``)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from typing import Any
 
 from gateway.api.anthropic_messages import translator as anthropic_messages
 from gateway.api.openai_chat import translator as openai_chat
+from gateway.api.openai_completions import translator as openai_completions
 from gateway.api.openai_responses import translator as openai_responses
 
-TRANSLATORS = (openai_chat, anthropic_messages, openai_responses)
+TRANSLATORS = (openai_chat, anthropic_messages, openai_responses, openai_completions)
 
 
 def request_messages(request: dict[str, Any], interaction_id: str = "") -> list[dict[str, Any]]:

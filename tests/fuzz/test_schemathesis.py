@@ -78,12 +78,14 @@ def _body_schema(model: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 def with_bodies(doc: dict[str, Any]) -> dict[str, Any]:
     from gateway.api.anthropic_messages.protocol import MessagesRequest
     from gateway.api.openai_chat.protocol import ChatRequest
+    from gateway.api.openai_completions.protocol import CompletionRequest
     from gateway.api.openai_responses.protocol import ResponsesRequest
 
     doc = copy.deepcopy(doc)
     comps = doc.setdefault("components", {}).setdefault("schemas", {})
     models = {
         "/v1/chat/completions": ChatRequest,
+        "/v1/completions": CompletionRequest,
         "/v1/messages": MessagesRequest,
         "/v1/messages/count_tokens": MessagesRequest,
         "/v1/responses": ResponsesRequest,

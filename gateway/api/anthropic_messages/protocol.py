@@ -29,6 +29,7 @@ class MessagesRequest(Loose):
     metadata: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
     output_config: dict[str, Any] | None = None
+    return_token_ids: bool = False  # vLLM's opt-in; rlgate's place: the Message object
 
 
 # accepted and ignored: they do not change what the model generates here

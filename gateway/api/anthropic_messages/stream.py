@@ -10,7 +10,7 @@ from typing import Any
 from core.errors import APIError
 from gateway.api.anthropic_messages.protocol import message_json, tool_input, usage_json
 from gateway.api.anthropic_messages.translator import stop_info
-from gateway.api.base import sse_event
+from gateway.api.base import sse_event, token_ids
 from gateway.request import Completion, ToolCallOut
 from gateway.service import Prepared, StreamEvent
 
@@ -80,6 +80,7 @@ class MessagesStream:
     def start(self) -> list[bytes]:
         usage = usage_json(len(self.prep.prompt_ids), 0)
         message = message_json(self.prep.interaction_id, self.model, [], usage)
+        message.update(token_ids(self.prep))  # return_token_ids: the prompt's ids
         return [_event({"type": "message_start", "message": message}), _event({"type": "ping"})]
 
     def event(self, ev: StreamEvent) -> list[bytes]:
@@ -117,6 +118,7 @@ class MessagesStream:
                     "type": "message_delta",
                     "delta": delta,
                     "usage": {"output_tokens": len(c.output_ids)},
+                    **({"token_ids": c.output_ids} if self.prep.req.return_token_ids else {}),
                 }
             ),
             _event({"type": "message_stop"}),

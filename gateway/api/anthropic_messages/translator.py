@@ -283,6 +283,7 @@ def to_internal(
         "user": user_id if isinstance(user_id, str) else None,
         "metadata": metadata,
         "session_hint": hint,
+        "return_token_ids": req.return_token_ids,
     }
     return base.internal_request(PROTOCOL, req, body, messages, choice, sampling, **fields)
 
@@ -350,7 +351,7 @@ def message_body(
 ) -> dict[str, Any]:
     reason, seq = stop_info(prep, c, tokenizer, context_length)
     usage = usage_json(len(prep.prompt_ids), len(c.output_ids), c.cached_tokens)
-    return message_json(
+    body = message_json(
         prep.interaction_id,
         model,
         content_blocks(c),
@@ -358,3 +359,4 @@ def message_body(
         stop_reason=reason,
         stop_sequence=seq,
     )
+    return {**body, **base.token_ids(prep, c)}

@@ -43,6 +43,7 @@ class ChatRequest(Loose):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
+    return_token_ids: bool = False  # vLLM's: prompt_token_ids, and token_ids per choice
 
 
 # accepted and ignored: they do not change what the model generates

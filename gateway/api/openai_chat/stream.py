@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from core.errors import APIError
-from gateway.api.base import sse_data
+from gateway.api.base import sse_data, token_ids
 from gateway.api.openai_chat.protocol import chunk_choice, tool_call_json, usage_json
 from gateway.api.openai_chat.translator import logprobs_content
 from gateway.request import Completion
@@ -34,7 +34,11 @@ class ChatStream:
 
     def start(self) -> list[bytes]:
         role = {"role": "assistant", "content": ""}
-        return [self._chunk(chunk_choice(i, role)) for i in range(self.prep.req.sampling.n)]
+        ids = token_ids(self.prep)  # the prompt's ids (return_token_ids), in the first chunk
+        return [
+            self._chunk(chunk_choice(i, role), **(ids if i == 0 else {}))
+            for i in range(self.prep.req.sampling.n)
+        ]
 
     def event(self, ev: StreamEvent) -> list[bytes]:
         out = []
@@ -49,7 +53,10 @@ class ChatStream:
                 self.tokenizer, ev.new_ids, ev.new_logprobs, ev.new_top or None
             )
             logprobs = {"content": content}
-        if delta or logprobs:
+        if self.prep.req.return_token_ids and ev.new_ids:
+            choice = chunk_choice(ev.index, delta, logprobs)
+            out.append(self._chunk({**choice, "token_ids": ev.new_ids}))
+        elif delta or logprobs:
             out.append(self._chunk(chunk_choice(ev.index, delta, logprobs)))
         for call in ev.tool_calls:
             k = self.tool_index[ev.index]

@@ -180,6 +180,7 @@ def to_internal(body: Any, session_header: str | None) -> GenerationRequest:
         "user": req.user,
         "metadata": req.metadata or {},
         "session_hint": session_header,
+        "return_token_ids": req.return_token_ids,
     }
     return base.internal_request(PROTOCOL, req, body, messages, choice, sampling, **fields)
 
@@ -227,6 +228,8 @@ def response_body(
             "finish_reason": c.finish_reason,
             "logprobs": None,
         }
+        if prep.req.return_token_ids:
+            choice["token_ids"] = c.output_ids
         if prep.req.sampling.logprobs:
             choice["logprobs"] = {
                 "content": logprobs_content(tokenizer, c.output_ids, c.logprobs, c.top_logprobs)
@@ -244,4 +247,5 @@ def response_body(
             min((c.cached_tokens for c in completions), default=0),
         ),
         "system_fingerprint": prep.policy_version,
+        **base.token_ids(prep),
     }

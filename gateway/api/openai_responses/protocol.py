@@ -36,6 +36,7 @@ class ResponsesRequest(Loose):
     # spec's (clients send them): [-2, 2]; a penalized sample is not trained on
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
+    return_token_ids: bool = False  # vLLM's opt-in; rlgate's place: the Response object
 
 
 # accepted and ignored: they do not change what the model generates here.

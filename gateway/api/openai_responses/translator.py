@@ -202,6 +202,7 @@ def to_internal(
         "user": req.user,
         "metadata": req.metadata or {},
         "session_hint": session_hint,
+        "return_token_ids": req.return_token_ids,
     }
     return base.internal_request(PROTOCOL, req, body, messages, choice, sampling, **fields)
 
@@ -247,7 +248,7 @@ def response_object(prep: Prepared, **state: Any) -> dict[str, Any]:
     """The Response object of a call being answered; ``state`` is the rest of
     ``response_json``'s fields (model, status, output, completion, created)."""
     s = prep.req.sampling
-    return response_json(
+    body = response_json(
         rid=prep.interaction_id,
         raw=prep.req.raw,
         temperature=s.temperature,
@@ -255,6 +256,7 @@ def response_object(prep: Prepared, **state: Any) -> dict[str, Any]:
         prompt_tokens=len(prep.prompt_ids),
         **state,
     )
+    return {**body, **base.token_ids(prep, state.get("completion"))}
 
 
 def response_body(prep: Prepared, c: Completion, model: str) -> dict[str, Any]:

@@ -1,0 +1,1 @@
+"""OpenAI Completions, the legacy text API (``POST /v1/completions``)."""
