@@ -67,14 +67,15 @@ def train_now(
     The run row exists immediately with status ``queued``; a worker picks it up.
     """
     from trainer import runs, serving
-    from trainer.tasks import train_project
+    from trainer.celery_base import publisher
+    from trainer.tasks import TRAIN_TASK
 
     factory = factory or serving.db_factory()
     run_id = runs.create_queued(factory, project_id, "manual")
     with transaction(factory) as db:
         audit(db, actor, "training.trigger", project_id, "training_run", run_id, {})
     options = {"queue": queue} if queue else {}
-    train_project.apply_async(args=(project_id, "manual", run_id), **options)
+    publisher().send_task(TRAIN_TASK, args=(project_id, "manual", run_id), **options)
     return run_id
 
 

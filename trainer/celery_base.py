@@ -1,5 +1,6 @@
 """The Celery application object, bare: the task modules (trainer/tasks.py, the retention
-job) register on :data:`app`; trainer/celery_app.py imports them all onto it.
+job) register on :data:`app`; trainer/celery_app.py imports them all onto it. Producers
+send with :func:`publisher`.
 
 Broker from settings: Redis or RabbitMQ in production; the embedded default is kombu's
 SQLAlchemy transport on a SQLite file under the data dir (no broker server). The same
@@ -7,6 +8,8 @@ task code runs on every broker.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 from celery import Celery
 
@@ -41,3 +44,15 @@ def make_celery(settings: Settings | None = None) -> Celery:
 
 
 app = make_celery()
+
+
+@lru_cache(maxsize=4)
+def _app_for(broker_url: str) -> Celery:
+    return make_celery()
+
+
+def publisher() -> Celery:
+    """The app to send tasks with: :data:`app`, unless the settings name another broker
+    than they did at import (tests, embedding processes). Every producer goes through it."""
+    url = get_settings().effective_broker_url
+    return app if app.conf.broker_url == url else _app_for(url)

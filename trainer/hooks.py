@@ -74,27 +74,10 @@ def after_feedback(factory: sessionmaker[Session], row: FeedbackRow) -> None:
 # ---- after a session closed -----------------------------------------------------------------
 
 
-@lru_cache(maxsize=4)
-def _publisher_for(broker_url: str) -> Any:
-    from trainer.celery_base import make_celery
-
-    return make_celery()
-
-
-def _publisher() -> Any:
-    """The Celery app to send with: the worker app, unless the settings changed since it
-    was made (tests, embedding processes)."""
-    from core.settings import get_settings
-    from trainer.celery_base import app
-
-    url = get_settings().effective_broker_url
-    if app.conf.broker_url == url:
-        return app
-    return _publisher_for(url)
-
-
 def enqueue_verification(session_id: str) -> None:
-    _publisher().send_task(
+    from trainer.celery_base import publisher
+
+    publisher().send_task(
         VERIFY_TASK,
         args=[session_id],
         queue=VERIFY_QUEUE,

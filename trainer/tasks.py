@@ -12,7 +12,8 @@
   its body). It runs in the verify pool (``rlgate worker`` starts it beside the trainer),
   under a hard time limit (RLGATE_VERIFY_TIME_LIMIT_S) and at most
   RLGATE_VERIFY_PER_PROJECT at once per project (trainer/verify_leases.py): one project's
-  slow judge neither delays training nor another project's ratings.
+  slow judge neither delays training nor another project's ratings. A verify task that
+  arrives on another queue (one queued before the verify queue existed) is moved there.
 """
 
 from __future__ import annotations
@@ -105,6 +106,15 @@ def verify_session(self: Any, session_id: str) -> int:
     project's verify slots (retried later when they are all taken)."""
     from core.settings import get_settings
 
+    queue = (self.request.delivery_info or {}).get("routing_key")
+    if queue and queue != hooks.VERIFY_QUEUE:
+        # queued before verification had its own queue (an upgrade), or by hand: a judge
+        # must never hold a trainer's process, so it goes to the verify pool
+        log.info(
+            "verify task for %s came on %r; moved to %s", session_id, queue, hooks.VERIFY_QUEUE
+        )
+        hooks.enqueue_verification(session_id)
+        return 0
     settings = get_settings()
     factory = hooks.factory_for(settings.effective_database_url)
     project_id = hooks.project_of(factory, session_id)

@@ -5,7 +5,9 @@ p1's judge calls a listener that never answers while the test holds it. Meanwhil
 - project p2's verifier rating lands (its task gets the pool's other process: p1 holds at
   most RLGATE_VERIFY_PER_PROJECT=1 of them, its other sessions wait on the queue);
 - a training run of project p3 runs to its end on the trainer's queue;
-- the listener never sees two of p1's calls at once.
+- the listener never sees two of p1's calls at once;
+- a verify task found on the trainer's queue (queued before an upgrade) is moved to the
+  verify pool instead of running the judge in the trainer.
 
 Before the change, verification and training shared the one queue and the one slot of a
 solo worker, so p2's rating and p3's run waited behind p1's judge (issue 26 measured
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from sqlalchemy import select
 
 from core.db import make_engine, session_factory, transaction
@@ -38,7 +41,8 @@ from schemas.tables import FeedbackRow, TrainingRunRow
 from tests.rows import interaction, session
 from tests.servers import REPO
 from trainer import api
-from trainer.hooks import on_session_closed
+from trainer.celery_base import make_celery
+from trainer.hooks import VERIFY_TASK, on_session_closed
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -139,6 +143,12 @@ def test_a_stalled_judge_delays_neither_other_projects_ratings_nor_training(
             db.add(to_row(interaction(f"p1-s{i}-0", f"p1-s{i}", 0, "42", project_id="p1")))
         db.add(to_row(interaction("p2-s-0", "p2-s", 0, "It is Paris.", project_id="p2")))
 
+    # a verify task queued on the trainer's queue (as one from before the verify queue
+    # existed is, after an upgrade): the worker moves it to the verify pool, so it cannot
+    # hold the trainer. The broker DB is this test's own: what a killed run left is dropped.
+    redis.Redis.from_url(BROKER).flushdb()
+    make_celery().send_task(VERIFY_TASK, args=["p1-s0"], queue="celery")
+
     log = tmp_path / "worker.log"
     env = {**os.environ, "PYTHONPATH": str(REPO), "RLGATE_DATA_DIR": str(tmp_path / "w")}
     with open(log, "wb") as fh:
@@ -170,6 +180,7 @@ def test_a_stalled_judge_delays_neither_other_projects_ratings_nor_training(
         # both landed while p1's judge still held its call, and p1 never had two
         assert not stall.release.is_set() and stall.in_flight == 1
         assert stall.most == 1 and stall.calls == 1
+        assert "moved to rlgate.verify" in log.read_text()  # the stray task went to the pool
     finally:
         stall.release.set()
         worker.terminate()

@@ -204,18 +204,21 @@ def test_gateway_session_close_judge_feedback_trainer_selection(
     assert (f.target_type, f.target_id, f.rater) == ("session", sid, "judge:session")
     assert (f.value, f.reward) == (0.9, pytest.approx(0.8))
     assert (f.rationale, f.judge_model) == ("answered both questions", "openai/gpt-4o-mini")
+    def rewards() -> dict[str, float | None]:
+        with factory() as db:
+            q = select(InteractionRow.id, InteractionRow.reward)
+            return dict(db.execute(q.where(InteractionRow.session_id == sid)).all())
+
+    # the rating commits first, its credit assignment right after (trainer/hooks.py)
+    deadline = time.monotonic() + 30
+    while None in rewards().values() and time.monotonic() < deadline:
+        time.sleep(0.2)
     with factory() as db:
         assert db.scalars(select(JudgeCallRow.outcome)).all() == ["ok"]
-        rewards = dict(
-            db.execute(
-                select(InteractionRow.id, InteractionRow.reward).where(
-                    InteractionRow.session_id == sid
-                )
-            ).all()
-        )
         picked = select_samples(db, "p1", max_staleness=10, max_samples=64, group_by_prompt=False)
-    assert list(rewards.values()) == [pytest.approx(0.8)] * 2
-    assert {s.interaction_id: s.reward for s in picked.samples} == rewards  # the trainer takes them
+    assigned = rewards()
+    assert list(assigned.values()) == [pytest.approx(0.8)] * 2
+    assert {s.interaction_id: s.reward for s in picked.samples} == assigned  # trainer takes them
     # the judge's feedback is served by the public API with its rationale and model
     admin = httpx.get(
         gw.url + "/v1/feedback",
