@@ -17,11 +17,9 @@ import os
 import secrets
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +35,7 @@ from schemas.coltypes import utcnow
 from schemas.convert import to_row
 from schemas.tables import AuditEventRow, FeedbackRow, ProjectRow
 from tests.rows import interaction, session
+from tests.security.listener import Listener
 from tests.servers import REPO, free_port, gateway
 from trainer.hooks import on_session_closed
 
@@ -215,37 +214,11 @@ def test_session_metadata_cannot_choose_or_configure_a_verifier_program(stack: S
 # ---- what a real worker does with specs stored before the change -----------------------
 
 
-class Canary(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Record)
-        self.seen: list[str] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Record(BaseHTTPRequestHandler):
-    server: Canary
-
-    def do_POST(self) -> None:  # noqa: N802
-        self.server.seen.append(f"{self.path} {self.headers.get('Authorization')}")
-        self.send_response(500)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.mark.slow
 def test_a_real_worker_runs_no_stored_program_url_or_key(
     pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    listener = Canary()
-    threading.Thread(target=listener.serve_forever, daemon=True).start()
+    listener = Listener(lambda _seen: (500, None)).start()
     pwned = tmp_path / "pwned"
     upgrade(pg_url)
     engine = make_engine(pg_url)
@@ -296,5 +269,5 @@ def test_a_real_worker_runs_no_stored_program_url_or_key(
             worker.wait(timeout=30)
         except subprocess.TimeoutExpired:
             worker.kill()
-        listener.shutdown()
+        listener.close()
         engine.dispose()

@@ -11,80 +11,41 @@ registered itself with the router).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from core.settings import Settings
+from tests.security.listener import Answer, Listener, Seen
 
 KEY = "engine-key-of-the-operator"
 
 
-class Recorder(ThreadingHTTPServer):
-    """Answers as a router (GET /workers) or an engine, and records every request."""
+def _router_or_engine(workers: list[str] | None) -> Answer:
+    """A router (GET /workers lists ``workers``) or, without a list, an engine."""
 
-    def __init__(self, workers: list[str] | None = None) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.workers = workers
-        self.seen: list[tuple[str, str, str | None, Any]] = []  # method, path, auth, body
+    def answer(seen: Seen) -> tuple[int, Any]:
+        if seen.method == "GET":
+            if workers is not None and seen.path == "/workers":
+                return 200, {"workers": [{"url": u} for u in workers]}
+            return 200, {"object": "list", "data": []}
+        return 200, {"success": True, "error_message": "", "loaded_adapters": {}}
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: Recorder
-
-    def log_message(self, *args: Any) -> None:
-        return None
-
-    def _answer(self, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _record(self, body: Any) -> None:
-        self.server.seen.append((self.command, self.path, self.headers.get("Authorization"), body))
-
-    def do_GET(self) -> None:
-        self._record(None)
-        if self.server.workers is not None and self.path == "/workers":
-            return self._answer({"workers": [{"url": u} for u in self.server.workers]})
-        return self._answer({"object": "list", "data": []})
-
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = json.loads(self.rfile.read(length) or b"{}")
-        self._record(body)
-        self._answer({"success": True, "error_message": "", "loaded_adapters": {}})
+    return answer
 
 
 @pytest.fixture
-def servers() -> Iterator[tuple[Recorder, Recorder, Recorder]]:
+def servers() -> Iterator[tuple[Listener, Listener, Listener]]:
     """(router, the operator's worker, a worker the operator did not name)."""
-    ours, theirs = Recorder(), Recorder()
-    router = Recorder([ours.url, theirs.url])
-    threads = [
-        threading.Thread(target=s.serve_forever, daemon=True) for s in (router, ours, theirs)
-    ]
-    for t in threads:
-        t.start()
-    yield router, ours, theirs
-    for s in (router, ours, theirs):
-        s.shutdown()
-        s.server_close()
+    ours, theirs = Listener(_router_or_engine(None)), Listener(_router_or_engine(None))
+    router = Listener(_router_or_engine([ours.url, theirs.url]))
+    with ours, theirs, router:
+        yield router, ours, theirs
 
 
-def _settings(router: Recorder, allowed: str) -> Settings:
+def _settings(router: Listener, allowed: str) -> Settings:
     return Settings(
         engine_router_url=router.url,
         engine_router_workers=allowed,
@@ -107,7 +68,7 @@ def test_publish_reaches_only_the_named_workers(servers, allowed, caplog) -> Non
     publish.load_everywhere(
         urls, "p-policy-v1", "/adapters/p/live/p-policy-v1", settings.engine_headers
     )
-    assert [(m, p, a) for m, p, a, _ in ours.seen] == [
+    assert [(x.method, x.path, x.auth) for x in ours.seen] == [
         ("POST", "/load_lora_adapter", f"Bearer {KEY}")
     ]
     assert theirs.seen == []  # no key, no adapter path
@@ -168,7 +129,7 @@ def test_gateway_sync_reaches_only_the_named_workers(servers, sqlite_url, caplog
     assert workers == [ours.url]
     assert loaded == [f"{ours.url}:p-policy-v1"]
     assert ("POST", "/load_lora_adapter", f"Bearer {KEY}") in [
-        (m, p, a) for m, p, a, _ in ours.seen
+        (x.method, x.path, x.auth) for x in ours.seen
     ]
     assert theirs.seen == []
     assert theirs.url in caplog.text

@@ -20,10 +20,8 @@ import os
 import secrets
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +37,7 @@ from schemas.coltypes import utcnow
 from schemas.convert import to_row
 from schemas.tables import FeedbackRow, TrainingRunRow
 from tests.rows import interaction, session
+from tests.security.listener import Listener
 from tests.servers import REPO
 from trainer import api
 from trainer.celery_base import make_celery
@@ -49,55 +48,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 BROKER = f"redis://127.0.0.1:6379/{os.environ.get('RLGATE_TEST_ISOLATION_REDIS_DB', '12')}"
 
 
-class Stall(ThreadingHTTPServer):
-    """A judge endpoint that holds every call until released; counts calls in flight."""
-
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Hold)
-        self.release = threading.Event()
-        self.lock = threading.Lock()
-        self.in_flight = self.most = self.calls = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Hold(BaseHTTPRequestHandler):
-    server: Stall
-
-    def do_POST(self) -> None:  # noqa: N802
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        s = self.server
-        with s.lock:
-            s.calls += 1
-            s.in_flight += 1
-            s.most = max(s.most, s.in_flight)
-        s.release.wait(120)
-        with s.lock:
-            s.in_flight -= 1
-        body = json.dumps({"error": {"message": "too late"}}).encode()
-        self.send_response(500)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
-def stall() -> Iterator[Stall]:
-    server = Stall()
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+def stall() -> Iterator[Listener]:
+    """A judge endpoint that holds every call until released, then fails it."""
+    with Listener(lambda _seen: (500, {"error": {"message": "too late"}}), hold=True) as server:
         yield server
-    finally:
-        server.release.set()
-        server.shutdown()
 
 
 def _until(what: Any, timeout: float, log: Path) -> Any:
@@ -111,7 +66,7 @@ def _until(what: Any, timeout: float, log: Path) -> Any:
 
 
 def test_a_stalled_judge_delays_neither_other_projects_ratings_nor_training(
-    pg_url: str, stall: Stall, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pg_url: str, stall: Listener, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     upgrade(pg_url)
     engine = make_engine(pg_url)
@@ -179,7 +134,7 @@ def test_a_stalled_judge_delays_neither_other_projects_ratings_nor_training(
         assert _until(finished, 90, log) == "cancelled"  # p3 has nothing to train on
         # both landed while p1's judge still held its call, and p1 never had two
         assert not stall.release.is_set() and stall.in_flight == 1
-        assert stall.most == 1 and stall.calls == 1
+        assert stall.most == 1 and len(stall.seen) == 1
         assert "moved to rlgate.verify" in log.read_text()  # the stray task went to the pool
     finally:
         stall.release.set()
