@@ -53,6 +53,25 @@ def in_scope(q: Select, col: Any, projects: list[str] | None) -> Select:
     return q if projects is None else q.where(col.in_(projects))
 
 
+def matching(
+    q: Select,
+    *equal: tuple[Any, Any],
+    created: Any = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> Select:
+    """``q`` narrowed by the dashboard's filters: each (column, value) pair whose value is
+    set must match, and ``created`` must lie in [since, until) where those are set."""
+    for col, value in equal:
+        if value:
+            q = q.where(col == value)
+    if since is not None:
+        q = q.where(created >= since)
+    if until is not None:
+        q = q.where(created < until)
+    return q
+
+
 def page_of(db: Session, q: Select, page: int, size: int, order: list[Any]) -> tuple[list, int]:
     total = db.scalar(select(func.count()).select_from(q.order_by(None).subquery())) or 0
     rows = db.execute(q.order_by(*order).limit(size).offset((page - 1) * size)).all()

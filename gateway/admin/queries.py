@@ -14,7 +14,15 @@ from typing import Any
 from sqlalchemy import and_, exists, func, or_, select
 from sqlalchemy.orm import Session
 
-from gateway.admin.paging import MAX_PAGE_SIZE, PAGE_SIZE, Page, in_scope, jsonable, page_of
+from gateway.admin.paging import (
+    MAX_PAGE_SIZE,
+    PAGE_SIZE,
+    Page,
+    in_scope,
+    jsonable,
+    matching,
+    page_of,
+)
 from gateway.admin.training_queries import (
     STEP_METRICS,
     adapters,
@@ -175,16 +183,13 @@ def sessions(
     size: int = PAGE_SIZE,
 ) -> Page:
     q = in_scope(select(SessionRow), SessionRow.project_id, scope)
-    if project:
-        q = q.where(SessionRow.project_id == project)
-    if status:
-        q = q.where(SessionRow.status == status)
-    if agent:
-        q = q.where(SessionRow.agent_name == agent)
-    if since:
-        q = q.where(SessionRow.created_at >= since)
-    if until:
-        q = q.where(SessionRow.created_at < until)
+    q = matching(
+        q,
+        (SessionRow.project_id, project),
+        (SessionRow.status, status),
+        (SessionRow.agent_name, agent),
+        created=SessionRow.created_at, since=since, until=until,
+    )  # fmt: skip
     if rated in ("yes", "no"):
         has = or_(
             exists().where(FeedbackRow.session_id == SessionRow.id),
@@ -369,17 +374,13 @@ def feedback(
     size: int = PAGE_SIZE,
 ) -> Page:
     q = in_scope(select(FeedbackRow), FeedbackRow.project_id, scope)
-    if project:
-        q = q.where(FeedbackRow.project_id == project)
-    if source:
-        q = q.where(FeedbackRow.source == source)
-    if target_type:
-        q = q.where(FeedbackRow.target_type == target_type)
-    if session_id:
-        q = q.where(FeedbackRow.session_id == session_id)
-    if since:
-        q = q.where(FeedbackRow.created_at >= since)
-    if until:
-        q = q.where(FeedbackRow.created_at < until)
+    q = matching(
+        q,
+        (FeedbackRow.project_id, project),
+        (FeedbackRow.source, source),
+        (FeedbackRow.target_type, target_type),
+        (FeedbackRow.session_id, session_id),
+        created=FeedbackRow.created_at, since=since, until=until,
+    )  # fmt: skip
     rows, total = page_of(db, q, page, size, [FeedbackRow.created_at.desc(), FeedbackRow.id.desc()])
     return Page([_feedback(f) for (f,) in rows], total, page, size)

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.admin.paging import PAGE_SIZE, Page, duration, in_scope, page_of
+from gateway.admin.paging import PAGE_SIZE, Page, duration, in_scope, matching, page_of
 from schemas.tables import (
     ApiKeyRow,
     AuditEventRow,
@@ -103,12 +103,12 @@ def runs(
     size: int = PAGE_SIZE,
 ) -> Page:
     q = in_scope(select(TrainingRunRow), TrainingRunRow.project_id, scope)
-    if project:
-        q = q.where(TrainingRunRow.project_id == project)
-    if status:
-        q = q.where(TrainingRunRow.status == status)
-    if trigger:
-        q = q.where(TrainingRunRow.trigger == trigger)
+    q = matching(
+        q,
+        (TrainingRunRow.project_id, project),
+        (TrainingRunRow.status, status),
+        (TrainingRunRow.trigger, trigger),
+    )
     rows, total = page_of(
         db, q, page, size, [TrainingRunRow.created_at.desc(), TrainingRunRow.id.desc()]
     )
@@ -217,10 +217,7 @@ def keys(
     size: int = PAGE_SIZE,
 ) -> Page:
     q = in_scope(select(ApiKeyRow), ApiKeyRow.project_id, scope)
-    if project:
-        q = q.where(ApiKeyRow.project_id == project)
-    if kind:
-        q = q.where(ApiKeyRow.kind == kind)
+    q = matching(q, (ApiKeyRow.project_id, project), (ApiKeyRow.kind, kind))
     if not include_revoked:
         q = q.where(ApiKeyRow.revoked_at.is_(None))
     if not include_session_keys:
