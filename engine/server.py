@@ -15,12 +15,12 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from engine import scheduler as sched
 from engine.auth import ApiKeyMiddleware
@@ -37,6 +37,7 @@ from engine.runtime import Engine, EngineConfig
 
 __all__ = ["BackgroundServer", "Engine", "EngineConfig", "create_app", "serve"]
 
+_Body = TypeVar("_Body", bound=BaseModel)
 log = logging.getLogger("rlgate.engine")
 
 UNLOAD_WAIT_S = 600.0
@@ -170,14 +171,20 @@ def create_app(engine: Engine) -> FastAPI:
             status_code=200 if success else 400,
         )
 
-    @app.post("/load_lora_adapter")
-    async def load_lora_adapter(request: Request) -> JSONResponse:
+    async def _lora_body(request: Request, model: type[_Body]) -> _Body | JSONResponse:
+        """The parsed body, or the 400 that says what is wrong with it."""
         try:
-            body = LoadLoRAAdapterReqInput.model_validate(await request.json())
+            return model.model_validate(await request.json())
         except ValidationError as exc:
             return _lora_result(False, _validation_message(exc))
         except ValueError as exc:
             return _lora_result(False, f"invalid JSON: {exc}")
+
+    @app.post("/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> JSONResponse:
+        body = await _lora_body(request, LoadLoRAAdapterReqInput)
+        if isinstance(body, JSONResponse):
+            return body
         try:
             await asyncio.to_thread(
                 engine.load_adapter, body.lora_name, body.lora_path, body.pinned
@@ -191,12 +198,9 @@ def create_app(engine: Engine) -> FastAPI:
 
     @app.post("/unload_lora_adapter")
     async def unload_lora_adapter(request: Request) -> JSONResponse:
-        try:
-            body = UnloadLoRAAdapterReqInput.model_validate(await request.json())
-        except ValidationError as exc:
-            return _lora_result(False, _validation_message(exc))
-        except ValueError as exc:
-            return _lora_result(False, f"invalid JSON: {exc}")
+        body = await _lora_body(request, UnloadLoRAAdapterReqInput)
+        if isinstance(body, JSONResponse):
+            return body
         try:
             await asyncio.to_thread(engine.registry.unload, body.lora_name, UNLOAD_WAIT_S)
         except AdapterError as exc:

@@ -342,20 +342,13 @@ class EngineClient:
 
     async def abort(self, url: str, rid: str) -> None:
         with contextlib.suppress(*_ANY):
-            async with self.http.post(
-                url + proto.ABORT,
-                data=proto.encode(proto.abort_body(rid)),
-                headers=self._headers,
-                timeout=_timeout(5.0),
-                **self._kw(url),
-            ) as r:
-                await r.read()
+            await self.call("POST", url + proto.ABORT, proto.abort_body(rid), timeout=5.0)
 
     async def call(
         self, method: str, url: str, body: dict[str, Any] | None = None, timeout: float = 10.0
     ) -> tuple[int, Any]:
-        """(status, parsed JSON or None) of one control call (adapter sync); transport
-        errors propagate (aiohttp.ClientError, TimeoutError)."""
+        """(status, parsed JSON or None) of one control call (health, server info, abort,
+        adapter sync); transport errors propagate (aiohttp.ClientError, TimeoutError)."""
         async with self.http.request(
             method,
             url,
@@ -374,30 +367,16 @@ class EngineClient:
         out = {}
         for slot in self.slots:
             try:
-                async with self.http.get(
-                    slot.url + proto.HEALTH,
-                    headers=self._headers,
-                    timeout=_timeout(2.0),
-                    **self._kw(slot.url),
-                ) as r:
-                    await r.read()
-                    out[slot.url] = r.status == 200
+                status, _ = await self.call("GET", slot.url + proto.HEALTH, timeout=2.0)
+                out[slot.url] = status == 200
             except _ANY:
                 out[slot.url] = False
         return out
 
     async def server_info(self) -> dict[str, Any] | None:
         for slot in self.slots:
-            try:
-                async with self.http.get(
-                    slot.url + proto.SERVER_INFO,
-                    headers=self._headers,
-                    timeout=_timeout(5.0),
-                    **self._kw(slot.url),
-                ) as r:
-                    content = await r.read()
-                    if r.status == 200:
-                        return json.loads(content)
-            except _ANY:
-                continue
+            with contextlib.suppress(*_ANY):
+                status, info = await self.call("GET", slot.url + proto.SERVER_INFO, timeout=5.0)
+                if status == 200 and isinstance(info, dict):
+                    return info
         return None
