@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from core import serving_events
 from core.db import DB_DOWN, check_connection, make_engine, session_factory
 from core.errors import APIError
 from core.migrate import current
@@ -137,11 +138,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     await asyncio.to_thread(gw.pipeline.sessions.expire_idle)
 
         tasks = [asyncio.create_task(housekeeping()), asyncio.create_task(gw.adapter_sync.run())]
+        notices = None
+        if serving_events.listens(settings.effective_database_url):
+            notices = serving_events.Listener(
+                settings.effective_database_url, gw.pipeline.serving.forget
+            )
+            notices.start()
         try:
             yield
         finally:
             for task in tasks:
                 task.cancel()
+            if notices is not None:
+                await asyncio.to_thread(notices.stop)
             await gw.engines.close()
             gw.pipeline.render_pool.close()
             await asyncio.to_thread(gw.recorder.stop)

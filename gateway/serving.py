@@ -1,4 +1,5 @@
-"""Which adapter serves a project (``ServingPolicy``, cached briefly) and which adapters
+"""Which adapter serves a project (``ServingPolicy``, cached briefly; on PostgreSQL a
+switch drops the cached pointer at once, core/serving_events.py) and which adapters
 requests in flight hold (``Leases``: an old version is unloaded only when none does)."""
 
 from __future__ import annotations
@@ -51,6 +52,14 @@ class ServingPolicy:
 
     def invalidate(self) -> None:
         self._cache.clear()
+
+    def forget(self, project_id: str) -> None:
+        """Drop one project's cached pointer (every project's for ``""``); called from the
+        thread of core/serving_events.py's listener when the serving version changed."""
+        if project_id:
+            self._cache.pop(project_id, None)
+        else:
+            self._cache.clear()
 
     def cached(self, project_id: str) -> tuple[bool, str | None]:
         """(fresh, adapter) from the cache alone, for the hot path."""

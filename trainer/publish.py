@@ -34,6 +34,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from core import engine_protocol as proto
+from core import serving_events
 from core.db import transaction
 from core.engine_http import EngineHTTP, RouterError, control_urls
 from core.keys import audit
@@ -224,6 +225,7 @@ def switch_serving(
         )
         target.status = PolicyStatus.serving
         target.promoted_at = utcnow()
+        serving_events.announce(db, project_id)  # every gateway drops its cached pointer
         if run_id:
             db.execute(
                 update(TrainingRunRow)
