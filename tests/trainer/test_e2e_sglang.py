@@ -145,7 +145,8 @@ def test_sglang_record_rate_train_publish_rollback(
             headers={"Authorization": f"Bearer {key}"},
             json={
                 "messages": [{"role": "user", "content": "Is water wet? Answer in JSON."}],
-                "max_tokens": 12,
+                "max_tokens": 48,  # the grammar allows whitespace: 12 sampled tokens cut it
+                "temperature": 0,
                 "response_format": {
                     "type": "json_schema",
                     "json_schema": {"name": "answer", "schema": schema},
