@@ -199,6 +199,20 @@ def _assign_session(db: Session, session_id: str, cfg: CreditConfig) -> int:
     return changed
 
 
+def unconsumed_sessions(db: Session, project_id: str) -> list[str]:
+    """The project's sessions that still have an interaction no run has consumed, sorted."""
+    return sorted(
+        db.scalars(
+            select(InteractionRow.session_id)
+            .where(
+                InteractionRow.project_id == project_id,
+                InteractionRow.consumed_by_run_id.is_(None),
+            )
+            .distinct()
+        ).all()
+    )
+
+
 def assign_rewards(db: Session, project_id: str, session_id: str | None = None) -> int:
     """Write ``interactions.reward`` for the not-yet-consumed interactions of one session,
     or of every session of the project that has some; returns how many rows changed.
@@ -211,16 +225,7 @@ def assign_rewards(db: Session, project_id: str, session_id: str | None = None) 
             return 0
         sessions = [session_id]
     else:
-        sessions = sorted(
-            db.scalars(
-                select(InteractionRow.session_id)
-                .where(
-                    InteractionRow.project_id == project_id,
-                    InteractionRow.consumed_by_run_id.is_(None),
-                )
-                .distinct()
-            ).all()
-        )
+        sessions = unconsumed_sessions(db, project_id)
     return sum(_assign_session(db, sid, cfg) for sid in sessions)
 
 
@@ -233,16 +238,7 @@ def assign_rewards_tx(
         with factory() as db, db.begin():
             return assign_rewards(db, project_id, session_id)
     with factory() as db:
-        sessions = sorted(
-            db.scalars(
-                select(InteractionRow.session_id)
-                .where(
-                    InteractionRow.project_id == project_id,
-                    InteractionRow.consumed_by_run_id.is_(None),
-                )
-                .distinct()
-            ).all()
-        )
+        sessions = unconsumed_sessions(db, project_id)
     total = 0
     for sid in sessions:
         with factory() as db, db.begin():
