@@ -31,9 +31,9 @@ from core import serving_events  # noqa: E402
 from core.db import make_engine, session_factory, transaction  # noqa: E402
 from core.migrate import upgrade  # noqa: E402
 from core.settings import Settings  # noqa: E402
-from gateway.serving import ServingPolicy  # noqa: E402
+from gateway.serving_cache import ServingPolicy  # noqa: E402
 from schemas.tables import PolicyVersionRow, ProjectRow  # noqa: E402
-from trainer.serving import publish_version  # noqa: E402
+from trainer.serving_switch import publish_version  # noqa: E402
 
 CACHE = Path(os.environ.get("RLGATE_ENGINE_TEST_CACHE", "/tmp/rlgate-engine-cache"))
 

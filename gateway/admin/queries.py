@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import and_, exists, func, or_, select
 from sqlalchemy.orm import Session
 
+from core.serving_version import serving_version
 from gateway.admin.paging import (
     MAX_PAGE_SIZE,
     PAGE_SIZE,
@@ -33,12 +34,11 @@ from gateway.admin.training_queries import (
     runs,
 )
 from gateway.api.display import request_messages
-from schemas.atdp import PolicyStatus, SessionStatus
+from schemas.atdp import SessionStatus
 from schemas.coltypes import utcnow
 from schemas.tables import (
     FeedbackRow,
     InteractionRow,
-    PolicyVersionRow,
     ProjectRow,
     SessionRow,
     TrainingRunRow,
@@ -72,12 +72,7 @@ def overview(db: Session, scope: list[str] | None, hours: int = 24) -> dict[str,
     now = utcnow()
     out = []
     for p in db.scalars(in_scope(select(ProjectRow), ProjectRow.id, scope).order_by(ProjectRow.id)):
-        serving = db.scalars(
-            select(PolicyVersionRow).where(
-                PolicyVersionRow.project_id == p.id,
-                PolicyVersionRow.status == PolicyStatus.serving,
-            )
-        ).first()
+        serving = serving_version(db, p.id)
         last_run = db.scalars(
             select(TrainingRunRow)
             .where(TrainingRunRow.project_id == p.id)
