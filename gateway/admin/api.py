@@ -20,15 +20,7 @@ from gateway import admin_actions as actions
 from gateway.admin import queries
 from gateway.admin.auth import api_ctx, project_for
 from gateway.admin.ops import db, decoder, do_action, recording_status
-from gateway.admin.params import (
-    feedback_filters,
-    int_param,
-    key_filters,
-    paging,
-    q,
-    run_filters,
-    session_filters,
-)
+from gateway.admin.params import LISTS, int_param, list_page, paging, q
 from gateway.admin_actions import ActionError
 from gateway.routing import gw_of, read_json
 
@@ -66,6 +58,21 @@ async def _json_body(request: Request) -> dict[str, Any]:
 # ---- reading ------------------------------------------------------------------------
 
 
+def _list_route(name: str) -> None:
+    """``GET /admin/api/<name>``: one page of a dashboard list (params.py ``LISTS``)."""
+
+    async def route(request: Request) -> JSONResponse:
+        ctx = await api_ctx(request)
+        return JSONResponse((await list_page(request, name, ctx.scope)).as_json())
+
+    route.__name__ = f"api_{name}"
+    router.add_api_route(f"/admin/api/{name}", route, methods=["GET"])
+
+
+for _name in LISTS:
+    _list_route(_name)
+
+
 @router.get("/admin/api/overview")
 async def api_overview(request: Request) -> JSONResponse:
     ctx = await api_ctx(request)
@@ -73,15 +80,6 @@ async def api_overview(request: Request) -> JSONResponse:
     ov = await db(request, queries.overview, ctx.scope, hours)
     ov["recording"] = recording_status(request)
     return JSONResponse(queries.jsonable(ov))
-
-
-@router.get("/admin/api/sessions")
-async def api_sessions(request: Request) -> JSONResponse:
-    ctx = await api_ctx(request)
-    page = await db(
-        request, queries.sessions, ctx.scope, **session_filters(request), **paging(request)
-    )
-    return JSONResponse(page.as_json())
 
 
 @router.get("/admin/api/sessions/{session_id}")
@@ -92,22 +90,6 @@ async def api_session(session_id: str, request: Request) -> JSONResponse:
     if detail is None:
         raise APIError(404, f"no session {session_id}")
     return JSONResponse(queries.jsonable(detail))
-
-
-@router.get("/admin/api/feedback")
-async def api_feedback(request: Request) -> JSONResponse:
-    ctx = await api_ctx(request)
-    page = await db(
-        request, queries.feedback, ctx.scope, **feedback_filters(request), **paging(request)
-    )
-    return JSONResponse(page.as_json())
-
-
-@router.get("/admin/api/runs")
-async def api_runs(request: Request) -> JSONResponse:
-    ctx = await api_ctx(request)
-    page = await db(request, queries.runs, ctx.scope, **run_filters(request), **paging(request))
-    return JSONResponse(page.as_json())
 
 
 @router.get("/admin/api/runs/{run_id}")
@@ -125,13 +107,6 @@ async def api_adapters(request: Request) -> JSONResponse:
     ctx = await api_ctx(request)
     items = await db(request, queries.adapters, ctx.scope, project=q(request, "project"))
     return JSONResponse({"items": queries.jsonable(items)})
-
-
-@router.get("/admin/api/keys")
-async def api_keys(request: Request) -> JSONResponse:
-    ctx = await api_ctx(request)
-    page = await db(request, queries.keys, ctx.scope, **key_filters(request), **paging(request))
-    return JSONResponse(page.as_json())
 
 
 # ---- acting -------------------------------------------------------------------------

@@ -21,14 +21,7 @@ from gateway.admin import charts, learning, login, queries
 from gateway.admin.auth import Ctx, project_for
 from gateway.admin.forms import back, form_ctx, page_ctx
 from gateway.admin.ops import db, decoder, do_action, recording_status
-from gateway.admin.params import (
-    feedback_filters,
-    key_filters,
-    paging,
-    q,
-    run_filters,
-    session_filters,
-)
+from gateway.admin.params import list_page, paging, q
 from gateway.admin.render import html, render
 from gateway.admin_actions import ActionError
 from gateway.routing import gw_of
@@ -104,8 +97,7 @@ async def sessions_page(request: Request) -> Response:
     ctx = await page_ctx(request)
     if isinstance(ctx, Response):
         return ctx
-    f = session_filters(request)
-    page = await db(request, queries.sessions, ctx.scope, **f, **paging(request))
+    page = await list_page(request, "sessions", ctx.scope)
     projects = await db(request, queries.projects, ctx.scope)
     agents = await db(request, queries.agents, ctx.scope)
     return html(
@@ -139,9 +131,7 @@ async def feedback_page(request: Request) -> Response:
     ctx = await page_ctx(request)
     if isinstance(ctx, Response):
         return ctx
-    page = await db(
-        request, queries.feedback, ctx.scope, **feedback_filters(request), **paging(request)
-    )
+    page = await list_page(request, "feedback", ctx.scope)
     projects = await db(request, queries.projects, ctx.scope)
     return html(
         render(request, "feedback.html", ctx, page=page, projects=projects, f=request.query_params)
@@ -153,7 +143,7 @@ async def runs_page(request: Request) -> Response:
     ctx = await page_ctx(request)
     if isinstance(ctx, Response):
         return ctx
-    page = await db(request, queries.runs, ctx.scope, **run_filters(request), **paging(request))
+    page = await list_page(request, "runs", ctx.scope)
     ov = await db(request, queries.overview, ctx.scope, 1)
     return html(
         render(
@@ -199,7 +189,7 @@ async def adapters_page(request: Request) -> Response:
 async def _keys_html(
     request: Request, ctx: Ctx, created: dict[str, Any] | None = None, status: int = 200
 ) -> Response:
-    page = await db(request, queries.keys, ctx.scope, **key_filters(request), **paging(request))
+    page = await list_page(request, "keys", ctx.scope)
     projects = await db(request, queries.projects, ctx.scope)
     return html(
         render(

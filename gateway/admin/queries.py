@@ -17,14 +17,19 @@ from sqlalchemy.orm import Session
 from core.serving_version import serving_version
 from gateway.admin.paging import (
     MAX_PAGE_SIZE,
+    NO_FILTERS,
     PAGE_SIZE,
+    Filters,
     Page,
+    Scope,
+    Values,
     in_scope,
     jsonable,
-    matching,
     page_of,
 )
 from gateway.admin.training_queries import (
+    KEY_FILTERS,
+    RUN_FILTERS,
     STEP_METRICS,
     adapters,
     keys,
@@ -47,8 +52,10 @@ from schemas.tables import (
 MAX_TOKENS_SHOWN = 4000
 
 __all__ = [
+    "KEY_FILTERS",
     "MAX_PAGE_SIZE",
     "PAGE_SIZE",
+    "RUN_FILTERS",
     "STEP_METRICS",
     "Page",
     "adapters",
@@ -164,27 +171,22 @@ def timeseries(
 # ---- sessions -----------------------------------------------------------------------
 
 
+SESSION_FILTERS = Filters(
+    equal={
+        "project": SessionRow.project_id,
+        "status": SessionRow.status,
+        "agent": SessionRow.agent_name,
+    },
+    created=SessionRow.created_at,
+    text=("rated",),  # yes | no: has feedback or a rewarded interaction
+)
+
+
 def sessions(
-    db: Session,
-    scope: list[str] | None,
-    *,
-    project: str | None = None,
-    status: str | None = None,
-    rated: str | None = None,
-    agent: str | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    page: int = 1,
-    size: int = PAGE_SIZE,
+    db: Session, scope: Scope, f: Values = NO_FILTERS, *, page: int = 1, size: int = PAGE_SIZE
 ) -> Page:
-    q = in_scope(select(SessionRow), SessionRow.project_id, scope)
-    q = matching(
-        q,
-        (SessionRow.project_id, project),
-        (SessionRow.status, status),
-        (SessionRow.agent_name, agent),
-        created=SessionRow.created_at, since=since, until=until,
-    )  # fmt: skip
+    q = SESSION_FILTERS.narrow(select(SessionRow), scope, f)
+    rated = f.get("rated")
     if rated in ("yes", "no"):
         has = or_(
             exists().where(FeedbackRow.session_id == SessionRow.id),
@@ -355,27 +357,20 @@ def _feedback(f: FeedbackRow) -> dict[str, Any]:
     }
 
 
+FEEDBACK_FILTERS = Filters(
+    equal={
+        "project": FeedbackRow.project_id,
+        "source": FeedbackRow.source,
+        "target_type": FeedbackRow.target_type,
+        "session_id": FeedbackRow.session_id,
+    },
+    created=FeedbackRow.created_at,
+)
+
+
 def feedback(
-    db: Session,
-    scope: list[str] | None,
-    *,
-    project: str | None = None,
-    source: str | None = None,
-    target_type: str | None = None,
-    session_id: str | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    page: int = 1,
-    size: int = PAGE_SIZE,
+    db: Session, scope: Scope, f: Values = NO_FILTERS, *, page: int = 1, size: int = PAGE_SIZE
 ) -> Page:
-    q = in_scope(select(FeedbackRow), FeedbackRow.project_id, scope)
-    q = matching(
-        q,
-        (FeedbackRow.project_id, project),
-        (FeedbackRow.source, source),
-        (FeedbackRow.target_type, target_type),
-        (FeedbackRow.session_id, session_id),
-        created=FeedbackRow.created_at, since=since, until=until,
-    )  # fmt: skip
+    q = FEEDBACK_FILTERS.narrow(select(FeedbackRow), scope, f)
     rows, total = page_of(db, q, page, size, [FeedbackRow.created_at.desc(), FeedbackRow.id.desc()])
     return Page([_feedback(f) for (f,) in rows], total, page, size)
