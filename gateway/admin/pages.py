@@ -92,25 +92,25 @@ async def overview_page(request: Request) -> Response:
     )
 
 
+async def _list_html(
+    request: Request, ctx: Ctx, name: str, status: int = 200, **extra: Any
+) -> Response:
+    """The page of a dashboard list (params.py ``LISTS``), ``<name>.html``, with the
+    projects to filter by (unless ``extra`` brings its own) and the filters as sent."""
+    page = await list_page(request, name, ctx.scope)
+    if "projects" not in extra:
+        extra["projects"] = await db(request, queries.projects, ctx.scope)
+    template = f"{name}.html"
+    return html(render(request, template, ctx, page=page, f=request.query_params, **extra), status)
+
+
 @router.get("/admin/sessions")
 async def sessions_page(request: Request) -> Response:
     ctx = await page_ctx(request)
     if isinstance(ctx, Response):
         return ctx
-    page = await list_page(request, "sessions", ctx.scope)
-    projects = await db(request, queries.projects, ctx.scope)
     agents = await db(request, queries.agents, ctx.scope)
-    return html(
-        render(
-            request,
-            "sessions.html",
-            ctx,
-            page=page,
-            projects=projects,
-            agents=agents,
-            f=request.query_params,
-        )
-    )
+    return await _list_html(request, ctx, "sessions", agents=agents)
 
 
 @router.get("/admin/sessions/{session_id}")
@@ -131,11 +131,7 @@ async def feedback_page(request: Request) -> Response:
     ctx = await page_ctx(request)
     if isinstance(ctx, Response):
         return ctx
-    page = await list_page(request, "feedback", ctx.scope)
-    projects = await db(request, queries.projects, ctx.scope)
-    return html(
-        render(request, "feedback.html", ctx, page=page, projects=projects, f=request.query_params)
-    )
+    return await _list_html(request, ctx, "feedback")
 
 
 @router.get("/admin/runs")
@@ -143,13 +139,8 @@ async def runs_page(request: Request) -> Response:
     ctx = await page_ctx(request)
     if isinstance(ctx, Response):
         return ctx
-    page = await list_page(request, "runs", ctx.scope)
     ov = await db(request, queries.overview, ctx.scope, 1)
-    return html(
-        render(
-            request, "runs.html", ctx, page=page, projects=ov["projects"], f=request.query_params
-        )
-    )
+    return await _list_html(request, ctx, "runs", projects=ov["projects"])
 
 
 @router.get("/admin/runs/{run_id}")
@@ -189,20 +180,7 @@ async def adapters_page(request: Request) -> Response:
 async def _keys_html(
     request: Request, ctx: Ctx, created: dict[str, Any] | None = None, status: int = 200
 ) -> Response:
-    page = await list_page(request, "keys", ctx.scope)
-    projects = await db(request, queries.projects, ctx.scope)
-    return html(
-        render(
-            request,
-            "keys.html",
-            ctx,
-            page=page,
-            projects=projects,
-            created=created,
-            f=request.query_params,
-        ),
-        status,
-    )
+    return await _list_html(request, ctx, "keys", status, created=created)
 
 
 @router.get("/admin/keys")

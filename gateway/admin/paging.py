@@ -7,7 +7,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from types import MappingProxyType
 from typing import Any
 
 from sqlalchemy import Select, func, select
@@ -18,7 +17,6 @@ from schemas.coltypes import utcnow
 PAGE_SIZE = 50
 Scope = list[str] | None  # the project ids the caller may see; None: every project
 Values = Mapping[str, Any]  # a list's filter values by name (``Filters``)
-NO_FILTERS: Values = MappingProxyType({})
 MAX_PAGE_SIZE = 500
 MAX_TOKENS_SHOWN = 4000
 
@@ -52,6 +50,11 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [jsonable(v) for v in value]
     return value
+
+
+def fields(row: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """A row's attributes ``names`` as a dict (what a list item shows of it)."""
+    return {name: getattr(row, name) for name in names}
 
 
 def in_scope(q: Select, col: Any, projects: list[str] | None) -> Select:

@@ -17,12 +17,12 @@ from sqlalchemy.orm import Session
 from core.serving_version import serving_version
 from gateway.admin.paging import (
     MAX_PAGE_SIZE,
-    NO_FILTERS,
     PAGE_SIZE,
     Filters,
     Page,
     Scope,
     Values,
+    fields,
     in_scope,
     jsonable,
     page_of,
@@ -182,9 +182,18 @@ SESSION_FILTERS = Filters(
 )
 
 
-def sessions(
-    db: Session, scope: Scope, f: Values = NO_FILTERS, *, page: int = 1, size: int = PAGE_SIZE
-) -> Page:
+# a session's fields as the list and the detail both show them
+SESSION_FIELDS = (
+    "id", "project_id", "agent_name", "task_id", "client_protocol", "external_id", "status",
+    "created_at", "last_activity_at",
+)  # fmt: skip
+
+
+def _session(s: SessionRow) -> dict[str, Any]:
+    return fields(s, SESSION_FIELDS)
+
+
+def sessions(db: Session, scope: Scope, f: Values, *, page: int = 1, size: int = PAGE_SIZE) -> Page:
     q = SESSION_FILTERS.narrow(select(SessionRow), scope, f)
     rated = f.get("rated")
     if rated in ("yes", "no"):
@@ -222,15 +231,7 @@ def sessions(
         n, nr, mean = stats.get(s.id, (0, 0, None))
         items.append(
             {
-                "id": s.id,
-                "project_id": s.project_id,
-                "agent_name": s.agent_name,
-                "task_id": s.task_id,
-                "client_protocol": s.client_protocol,
-                "external_id": s.external_id,
-                "status": s.status,
-                "created_at": s.created_at,
-                "last_activity_at": s.last_activity_at,
+                **_session(s),
                 "interactions": n,
                 "rated_interactions": nr,
                 "feedback": nfb.get(s.id, 0),
@@ -319,42 +320,13 @@ def session_detail(
         .limit(500)
     ).all()
     return {
-        "session": {
-            "id": s.id,
-            "project_id": s.project_id,
-            "agent_name": s.agent_name,
-            "task_id": s.task_id,
-            "client_protocol": s.client_protocol,
-            "external_id": s.external_id,
-            "status": s.status,
-            "created_at": s.created_at,
-            "last_activity_at": s.last_activity_at,
-            "closed_at": s.closed_at,
-            "metadata": s.meta,
-        },
+        "session": {**_session(s), "closed_at": s.closed_at, "metadata": s.meta},
         "interactions": turns,
         "feedback": [_feedback(f) for f in fb],
     }
 
 
 # ---- feedback -----------------------------------------------------------------------
-
-
-def _feedback(f: FeedbackRow) -> dict[str, Any]:
-    return {
-        "id": f.id,
-        "project_id": f.project_id,
-        "target_type": f.target_type,
-        "target_id": f.target_id,
-        "session_id": f.session_id,
-        "value": f.value,
-        "scale": f.scale,
-        "reward": f.reward,
-        "source": f.source,
-        "rater": f.rater,
-        "comment": f.comment,
-        "created_at": f.created_at,
-    }
 
 
 FEEDBACK_FILTERS = Filters(
@@ -368,9 +340,17 @@ FEEDBACK_FILTERS = Filters(
 )
 
 
-def feedback(
-    db: Session, scope: Scope, f: Values = NO_FILTERS, *, page: int = 1, size: int = PAGE_SIZE
-) -> Page:
+FEEDBACK_FIELDS = (
+    "id", "project_id", "target_type", "target_id", "session_id", "value", "scale", "reward",
+    "source", "rater", "comment", "created_at",
+)  # fmt: skip
+
+
+def _feedback(f: FeedbackRow) -> dict[str, Any]:
+    return fields(f, FEEDBACK_FIELDS)
+
+
+def feedback(db: Session, scope: Scope, f: Values, *, page: int = 1, size: int = PAGE_SIZE) -> Page:
     q = FEEDBACK_FILTERS.narrow(select(FeedbackRow), scope, f)
     rows, total = page_of(db, q, page, size, [FeedbackRow.created_at.desc(), FeedbackRow.id.desc()])
     return Page([_feedback(f) for (f,) in rows], total, page, size)

@@ -10,7 +10,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gateway.admin.paging import (
-    NO_FILTERS,
     PAGE_SIZE,
     Filters,
     Page,
@@ -111,9 +110,7 @@ RUN_FILTERS = Filters(
 )
 
 
-def runs(
-    db: Session, scope: Scope, f: Values = NO_FILTERS, *, page: int = 1, size: int = PAGE_SIZE
-) -> Page:
+def runs(db: Session, scope: Scope, f: Values, *, page: int = 1, size: int = PAGE_SIZE) -> Page:
     q = RUN_FILTERS.narrow(select(TrainingRunRow), scope, f)
     rows, total = page_of(
         db, q, page, size, [TrainingRunRow.created_at.desc(), TrainingRunRow.id.desc()]
@@ -217,9 +214,7 @@ KEY_FILTERS = Filters(
 )
 
 
-def keys(
-    db: Session, scope: Scope, f: Values = NO_FILTERS, *, page: int = 1, size: int = PAGE_SIZE
-) -> Page:
+def keys(db: Session, scope: Scope, f: Values, *, page: int = 1, size: int = PAGE_SIZE) -> Page:
     q = KEY_FILTERS.narrow(select(ApiKeyRow), scope, f)
     if not f.get("include_revoked"):
         q = q.where(ApiKeyRow.revoked_at.is_(None))
