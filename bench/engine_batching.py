@@ -30,18 +30,12 @@ from tests.servers import engine_cmd, free_port, running  # noqa: E402
 
 
 @contextlib.contextmanager
-def _engine(data_dir: str, slots: int) -> Iterator[str]:
-    """An engine subprocess with ``slots`` running requests (its log in a temporary folder,
-    printed if it fails to start)."""
+def started_engine(data_dir: str, slots: int, *extra: str) -> Iterator[str]:
+    """The URL of an engine subprocess with ``slots`` running requests and ``extra``
+    options (its log in a temporary folder, printed if it fails to start)."""
     port = free_port()
-    cmd = engine_cmd(
-        port,
-        "--max-running-requests",
-        str(slots),
-        "--context-length",
-        "1024",
-        data_dir=Path(data_dir),
-    )
+    options = ("--max-running-requests", str(slots), "--context-length", "1024", *extra)
+    cmd = engine_cmd(port, *options, data_dir=Path(data_dir))
     log = Path(tempfile.mkdtemp(prefix="rlgate-bench-")) / "engine.log"
     with running(cmd, {}, log, port, timeout=300) as proc:
         yield proc.url
@@ -89,7 +83,7 @@ def main() -> None:
     args = parser.parse_args()
 
     with contextlib.ExitStack() as stack:
-        url = args.url or stack.enter_context(_engine(args.data_dir, args.requests))
+        url = args.url or stack.enter_context(started_engine(args.data_dir, args.requests))
         with httpx.Client(base_url=url, timeout=600) as client:
             prompts = _prompts(args.requests)
             _run(client, prompts[:2], 4, concurrent=True)  # warm-up
