@@ -9,21 +9,9 @@ from typing import Any
 from core.db import transaction
 from core.serving_version import adapters_in_service, serving_version, serving_versions
 from schemas.atdp import PolicyStatus
-from schemas.tables import PolicyVersionRow, ProjectRow
-
-
-def _version(project: str, version: int, status: PolicyStatus) -> PolicyVersionRow:
-    name = f"{project}-policy-v{version}"
-    return PolicyVersionRow(
-        id=f"pv_{project}_{version}",
-        project_id=project,
-        name=name,
-        version=version,
-        base_model="packaged",
-        path=f"/adapters/{name}",
-        lora_config={"r": 8},
-        status=status,
-    )
+from schemas.convert import to_row
+from schemas.tables import ProjectRow
+from tests.rows import policy_version
 
 
 def _seed(factory: Any) -> None:
@@ -31,19 +19,18 @@ def _seed(factory: Any) -> None:
         for pid in ("a", "b", "c"):
             db.add(ProjectRow(id=pid, name=pid))
         db.flush()
-        db.add_all(
-            [
-                _version("a", 1, PolicyStatus.retired),
-                _version("a", 2, PolicyStatus.serving),
-                _version("a", 3, PolicyStatus.candidate),
-                _version("a", 4, PolicyStatus.rejected),
-                # two serving rows (a switch that never finished): the highest one counts
-                _version("b", 1, PolicyStatus.serving),
-                _version("b", 2, PolicyStatus.serving),
-                # c serves the base model: only a candidate
-                _version("c", 1, PolicyStatus.candidate),
-            ]
-        )
+        versions = [
+            ("a", 1, PolicyStatus.retired),
+            ("a", 2, PolicyStatus.serving),
+            ("a", 3, PolicyStatus.candidate),
+            ("a", 4, PolicyStatus.rejected),
+            # two serving rows (a switch that never finished): the highest one counts
+            ("b", 1, PolicyStatus.serving),
+            ("b", 2, PolicyStatus.serving),
+            # c serves the base model: only a candidate
+            ("c", 1, PolicyStatus.candidate),
+        ]
+        db.add_all([to_row(policy_version(*v)) for v in versions])
 
 
 def test_serving_version_of_one_project(migrated_db: Any) -> None:
