@@ -33,7 +33,9 @@ from core.migrate import upgrade  # noqa: E402
 from core.settings import Settings  # noqa: E402
 from engine.lora import DEFAULT_TARGET_MODULES  # noqa: E402
 from gateway.serving_cache import ServingPolicy  # noqa: E402
-from schemas.tables import PolicyVersionRow, ProjectRow  # noqa: E402
+from schemas.convert import to_row  # noqa: E402
+from schemas.tables import ProjectRow  # noqa: E402
+from tests.rows import policy_version  # noqa: E402
 from tests.servers import MODEL_CACHE, engine_cmd, free_port, running  # noqa: E402
 from trainer.serving_switch import publish_version  # noqa: E402
 
@@ -90,18 +92,7 @@ def main() -> None:
             name = f"{pid}-policy-v{v}-{os.getpid()}"
             make_adapter(model_dir, tmp / name, v)
             with transaction(factory) as db:
-                db.add(
-                    PolicyVersionRow(
-                        id=f"pv{v}",
-                        project_id=pid,
-                        name=name,
-                        version=v,
-                        base_model="packaged",
-                        path=str(tmp / name),
-                        lora_config={"r": 8},
-                        status="candidate",
-                    )
-                )
+                db.add(to_row(policy_version(pid, v, id=f"pv{v}", name=name, path=str(tmp / name))))
             t0 = time.perf_counter()  # trainer done
             assert publish_version(factory, settings, f"pv{v}")
             t1 = time.perf_counter()
