@@ -11,11 +11,12 @@ ratio, measured side by side in one run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-import socket
-import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,49 +24,21 @@ from typing import Any
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.servers import engine_cmd, free_port, running  # noqa: E402
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start_engine(
-    data_dir: str, slots: int, extra: tuple[str, ...] = ()
-) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "engine",
-        "--port",
-        str(port),
-        "--data-dir",
-        data_dir,
-        "--max-running-requests",
-        str(slots),
-        "--context-length",
-        "1024",
-        "--log-level",
-        "warning",
-        *extra,
-    ]
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
-        if proc.poll() is not None:
-            raise SystemExit("engine exited during start-up")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.terminate()
-            raise SystemExit("engine did not start in time")
-        time.sleep(0.3)
+@contextlib.contextmanager
+def started_engine(data_dir: str, slots: int, *extra: str) -> Iterator[str]:
+    """The URL of an engine subprocess with ``slots`` running requests and ``extra``
+    options (its log in a temporary folder, printed if it fails to start)."""
+    port = free_port()
+    options = ("--max-running-requests", str(slots), "--context-length", "1024", *extra)
+    cmd = engine_cmd(port, *options, data_dir=Path(data_dir))
+    log = Path(tempfile.mkdtemp(prefix="rlgate-bench-")) / "engine.log"
+    with running(cmd, {}, log, port, timeout=300) as proc:
+        yield proc.url
 
 
 def _prompts(n: int) -> list[list[int]]:
@@ -109,20 +82,13 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    proc = None
-    url = args.url
-    if url is None:
-        proc, url = _start_engine(args.data_dir, args.requests)
-    try:
+    with contextlib.ExitStack() as stack:
+        url = args.url or stack.enter_context(started_engine(args.data_dir, args.requests))
         with httpx.Client(base_url=url, timeout=600) as client:
             prompts = _prompts(args.requests)
             _run(client, prompts[:2], 4, concurrent=True)  # warm-up
             serial_s, serial_out = _run(client, prompts, args.max_new_tokens, concurrent=False)
             batch_s, batch_out = _run(client, prompts, args.max_new_tokens, concurrent=True)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=30)
     tokens = args.requests * args.max_new_tokens
     if serial_out != batch_out:
         print("WARNING: concurrent outputs differ from serial outputs")

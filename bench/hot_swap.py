@@ -14,9 +14,9 @@ switch when its cache expires (RLGATE_SERVING_CACHE_S, default 0.5 s).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import queue
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,11 +31,13 @@ from core import serving_events  # noqa: E402
 from core.db import make_engine, session_factory, transaction  # noqa: E402
 from core.migrate import upgrade  # noqa: E402
 from core.settings import Settings  # noqa: E402
-from gateway.serving import ServingPolicy  # noqa: E402
-from schemas.tables import PolicyVersionRow, ProjectRow  # noqa: E402
-from trainer.serving import publish_version  # noqa: E402
-
-CACHE = Path(os.environ.get("RLGATE_ENGINE_TEST_CACHE", "/tmp/rlgate-engine-cache"))
+from engine.lora import DEFAULT_TARGET_MODULES  # noqa: E402
+from gateway.serving_cache import ServingPolicy  # noqa: E402
+from schemas.convert import to_row  # noqa: E402
+from schemas.tables import ProjectRow  # noqa: E402
+from tests.rows import policy_version  # noqa: E402
+from tests.servers import MODEL_CACHE, engine_cmd, free_port, running  # noqa: E402
+from trainer.serving_switch import publish_version  # noqa: E402
 
 
 def make_adapter(model_dir: Path, out: Path, seed: int) -> None:
@@ -46,19 +48,7 @@ def make_adapter(model_dir: Path, out: Path, seed: int) -> None:
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     pm = get_peft_model(
         model,
-        LoraConfig(
-            r=8,
-            lora_alpha=16,
-            target_modules=[
-                "q_proj",
-                "k_proj",
-                "v_proj",
-                "o_proj",
-                "gate_proj",
-                "up_proj",
-                "down_proj",
-            ],
-        ),
+        LoraConfig(r=8, lora_alpha=16, target_modules=list(DEFAULT_TARGET_MODULES)),
     )
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -66,19 +56,6 @@ def make_adapter(model_dir: Path, out: Path, seed: int) -> None:
             if "lora_B" in n:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.01)
     pm.save_pretrained(str(out))
-
-
-def wait_health(url: str, proc: subprocess.Popen | None) -> None:
-    for _ in range(600):
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if proc is not None and proc.poll() is not None:
-            raise SystemExit("engine exited")
-        time.sleep(0.3)
-    raise SystemExit("engine did not start")
 
 
 def main() -> None:
@@ -89,32 +66,14 @@ def main() -> None:
     a = ap.parse_args()
     from engine.model_files import PACKAGED_MODEL, resolve_model_dir
 
-    model_dir = resolve_model_dir(PACKAGED_MODEL, CACHE)
+    model_dir = resolve_model_dir(PACKAGED_MODEL, MODEL_CACHE)
     tmp = Path(tempfile.mkdtemp(prefix="rlgate-hotswap-"))
-    proc = None
-    url = a.engine_url
-    if not url:
-        port = 31000 + os.getpid() % 1000
-        url = f"http://127.0.0.1:{port}"
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "engine",
-                "--port",
-                str(port),
-                "--data-dir",
-                str(CACHE),
-                "--log-level",
-                "warning",
-                "--context-length",
-                "512",
-            ],
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-        )
-    try:
-        wait_health(url, proc)
+    with contextlib.ExitStack() as stack:
+        url = a.engine_url
+        if not url:
+            port = free_port()
+            cmd = engine_cmd(port, "--context-length", "512")
+            url = stack.enter_context(running(cmd, {}, tmp / "engine.log", port, 300)).url
         db_url = a.database_url or f"sqlite:///{tmp / 'bench.db'}"
         upgrade(db_url)
         factory = session_factory(make_engine(db_url))
@@ -133,18 +92,7 @@ def main() -> None:
             name = f"{pid}-policy-v{v}-{os.getpid()}"
             make_adapter(model_dir, tmp / name, v)
             with transaction(factory) as db:
-                db.add(
-                    PolicyVersionRow(
-                        id=f"pv{v}",
-                        project_id=pid,
-                        name=name,
-                        version=v,
-                        base_model="packaged",
-                        path=str(tmp / name),
-                        lora_config={"r": 8},
-                        status="candidate",
-                    )
-                )
+                db.add(to_row(policy_version(pid, v, id=f"pv{v}", name=name, path=str(tmp / name))))
             t0 = time.perf_counter()  # trainer done
             assert publish_version(factory, settings, f"pv{v}")
             t1 = time.perf_counter()
@@ -177,10 +125,6 @@ def main() -> None:
                 f"expires (RLGATE_SERVING_CACHE_S, {settings.serving_cache_s} s), which it "
                 "adds at most; on PostgreSQL the switch's notice drops it at once"
             )
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=20)
 
 
 if __name__ == "__main__":

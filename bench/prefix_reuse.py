@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_batching import _start_engine  # noqa: E402
+from engine_batching import started_engine  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -91,15 +91,10 @@ def main() -> None:
     results: dict[str, float] = {}
     reused = 0
     for label, extra in (("full prefill", ("--disable-prefix-reuse",)), ("prefix reuse", ())):
-        proc, url = _start_engine(
-            args.data_dir, args.in_flight, (*extra, "--num-threads", str(args.threads))
-        )
-        try:
+        options = (*extra, "--num-threads", str(args.threads))
+        with started_engine(args.data_dir, args.in_flight, *options) as url:
             results[label] = asyncio.run(_workload(url, prompts, args.group, args.in_flight))
             reused = httpx.get(url + "/get_server_info").json()["prefix_reused_tokens"]
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
     print(
         f"{args.questions} prompts x n={args.group}, 8 tokens each, {args.in_flight} in "
         f"flight, {args.threads} engine thread(s); prompt {len(prompts[0])} tokens"

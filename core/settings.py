@@ -138,7 +138,7 @@ class Settings(BaseSettings):
         "Responses' max_output_tokens). Unset: up to the model's context, as OpenAI does. "
         "Set it for clients that never send a limit (Codex) on a small or slow policy.",
     )
-    # ---- request size and prompt work (gateway/limits.py, gateway/render_pool.py) ------
+    # ---- request size and prompt work (gateway/body_limit.py, gateway/render_pool.py) ----
     max_body_bytes: int = Field(
         4 * 1024 * 1024,
         ge=1024,

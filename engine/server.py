@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import uvicorn
@@ -180,32 +180,40 @@ def create_app(engine: Engine) -> FastAPI:
         except ValueError as exc:
             return _lora_result(False, f"invalid JSON: {exc}")
 
-    @app.post("/load_lora_adapter")
-    async def load_lora_adapter(request: Request) -> JSONResponse:
-        body = await _lora_body(request, LoadLoRAAdapterReqInput)
+    async def _lora_call(
+        request: Request, model: type[_Body], act: Callable[[_Body], None]
+    ) -> JSONResponse:
+        """Parse the body as ``model`` and run ``act(body)`` off the event loop; SGLang's
+        answer either way (an ``AdapterError`` is a refusal with its message)."""
+        body = await _lora_body(request, model)
         if isinstance(body, JSONResponse):
             return body
         try:
-            await asyncio.to_thread(
-                engine.load_adapter, body.lora_name, body.lora_path, body.pinned
-            )
+            await asyncio.to_thread(act, body)
         except AdapterError as exc:
             return _lora_result(False, str(exc))
+        return _lora_result(True)
+
+    def _load(body: LoadLoRAAdapterReqInput) -> None:
+        try:
+            engine.load_adapter(body.lora_name, body.lora_path, body.pinned)
+        except AdapterError:
+            raise
         except Exception as exc:  # unreadable files etc.
             log.exception("loading adapter %s failed", body.lora_name)
-            return _lora_result(False, f"could not load {body.lora_path}: {exc}")
-        return _lora_result(True)
+            raise AdapterError(f"could not load {body.lora_path}: {exc}") from exc
+
+    @app.post("/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> JSONResponse:
+        return await _lora_call(request, LoadLoRAAdapterReqInput, _load)
 
     @app.post("/unload_lora_adapter")
     async def unload_lora_adapter(request: Request) -> JSONResponse:
-        body = await _lora_body(request, UnloadLoRAAdapterReqInput)
-        if isinstance(body, JSONResponse):
-            return body
-        try:
-            await asyncio.to_thread(engine.registry.unload, body.lora_name, UNLOAD_WAIT_S)
-        except AdapterError as exc:
-            return _lora_result(False, str(exc))
-        return _lora_result(True)
+        return await _lora_call(
+            request,
+            UnloadLoRAAdapterReqInput,
+            lambda body: engine.registry.unload(body.lora_name, UNLOAD_WAIT_S),
+        )
 
     @app.post("/generate", response_model=None)
     async def generate(request: Request) -> Response:

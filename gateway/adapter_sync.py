@@ -29,15 +29,13 @@ import contextlib
 import logging
 
 import aiohttp
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core import engine_protocol as proto
 from core.engine_workers import allowed_workers
 from core.live_adapters import live_path
+from core.serving_version import adapters_in_service
 from gateway.engine_client import EngineClient
-from schemas.atdp import PolicyStatus
-from schemas.tables import PolicyVersionRow
 
 log = logging.getLogger("rlgate.gateway")
 _ANY = (aiohttp.ClientError, TimeoutError)
@@ -64,12 +62,8 @@ class AdapterSync:
 
     def _rows(self) -> tuple[dict[str, str], set[str]]:
         with self.factory() as db:
-            rows = db.execute(
-                select(PolicyVersionRow.name, PolicyVersionRow.path, PolicyVersionRow.status)
-            ).all()
-        serving = {n: str(live_path(p)) for n, p, s in rows if s == PolicyStatus.serving}
-        out = {n for n, _, s in rows if s in (PolicyStatus.retired, PolicyStatus.rejected)}
-        return serving, out
+            serving, out = adapters_in_service(db)
+        return {name: str(live_path(path)) for name, path in serving.items()}, out
 
     async def versions(self) -> tuple[dict[str, str], set[str]]:
         """(every project's serving adapter: name -> the path to load it from, the names

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.db import transaction
 from core.keys import audit, create_key, revoke_key
+from core.serving_version import serving_version
 from core.settings import Settings
 from schemas.atdp import KeyKind, PolicyStatus, RunStatus
 from schemas.tables import ApiKeyRow, AuditEventRow, PolicyVersionRow, ProjectRow
@@ -129,12 +130,7 @@ def _version(db: Session, project_id: str, target: str) -> PolicyVersionRow:
 def previous_version(db: Session, project_id: str) -> PolicyVersionRow | None:
     """The version served before the current one: the ``previous`` of the last
     promote/rollback audit event, else the newest retired version below the serving one."""
-    serving = db.scalars(
-        select(PolicyVersionRow).where(
-            PolicyVersionRow.project_id == project_id,
-            PolicyVersionRow.status == PolicyStatus.serving,
-        )
-    ).first()
+    serving = serving_version(db, project_id)
     if serving is None:
         return None
     events = db.scalars(

@@ -27,10 +27,10 @@ from core.settings import ConfigError, Settings, get_settings
 from gateway import exposure
 from gateway.adapter_sync import AdapterSync
 from gateway.auth import Authenticator
+from gateway.body_limit import BodyLimitMiddleware
 from gateway.boundary import UrlCheckMiddleware
 from gateway.engine_client import EngineClient
 from gateway.errors import db_down_error, error_response
-from gateway.limits import BodyLimitMiddleware
 from gateway.metrics import Metrics
 from gateway.parsing import TOOL_PARSERS
 from gateway.ratelimit import RateLimitMiddleware
@@ -39,7 +39,7 @@ from gateway.redaction import RedactionPolicy
 from gateway.render_pool import RenderPool
 from gateway.routing import gw_of
 from gateway.service import Pipeline
-from gateway.serving import ServingPolicy
+from gateway.serving_cache import ServingPolicy
 from gateway.sessions import SessionStore
 from gateway.state import Gateway
 from gateway.templating import ChatRenderer, load_tokenizer

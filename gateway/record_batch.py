@@ -14,16 +14,17 @@ from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from gateway.retries import mark_retries
+from gateway.spool import SpoolRecord
 from schemas.atdp import Interaction
 from schemas.atdp import Session as SessionRecord
 from schemas.convert import to_row
 from schemas.tables import InteractionRow, SessionRow
 
 
-def write_batch(db: Session, entries: list[dict[str, Any]]) -> tuple[int, set[str]]:
+def write_batch(db: Session, entries: list[SpoolRecord]) -> tuple[int, set[str]]:
     """Insert what is not in the database yet: the sessions new calls opened, then the
     interactions. Returns (interactions inserted, ids of the sessions carried along)."""
-    carried = {e["session"]["id"]: e["session"] for e in entries if e.get("session")}
+    carried = {s["id"]: s for e in entries if (s := e["session"])}
     if carried:
         have = set(db.scalars(select(SessionRow.id).where(SessionRow.id.in_(list(carried)))))
         for sid, row in carried.items():

@@ -46,7 +46,7 @@ from core.errors import APIError
 from gateway.commits import Ticket, Tickets
 from gateway.dead_letters import DeadLetters, describe, refused_for_content
 from gateway.record_batch import write_batch
-from gateway.spool import Pending, Segment, Spool, spool_line
+from gateway.spool import Pending, Segment, Spool, SpoolRecord, spool_line
 
 log = logging.getLogger("rlgate.recorder")
 
@@ -76,9 +76,7 @@ class Recorder:
         self.replay_interval_s = replay_interval_s
         self.lag_alert_s = lag_alert_s
         self.queue: queue.Queue[Pending | None] = queue.Queue()
-        self._appends: queue.Queue[tuple[list[dict[str, Any]], Future, Ticket] | None] = (
-            queue.Queue()
-        )
+        self._appends: queue.Queue[tuple[list[SpoolRecord], Future, Ticket] | None] = queue.Queue()
         self.tickets = Tickets()
         self.recorded_total = 0
         self.backlog_bytes = 0  # spool lines accepted and not yet in the database
@@ -131,7 +129,7 @@ class Recorder:
                 continue  # a live gateway owns it, or another one replays it right now
             try:
                 lines = fh.read().split(b"\n")
-                records = []
+                records: list[SpoolRecord] = []
                 for n, line in enumerate(lines):
                     if not line.strip():
                         continue
@@ -168,7 +166,7 @@ class Recorder:
                 headers={"Retry-After": "5"},
             )
 
-    async def record(self, records: list[dict[str, Any]]) -> Ticket:
+    async def record(self, records: list[SpoolRecord]) -> Ticket:
         """Durably accept records; returns once they are in the spool (fsynced if the
         spool syncs: then through the append thread, which shares one fsync per batch),
         with the ticket of their commit (``await ticket.wait(timeout)``)."""
@@ -184,7 +182,7 @@ class Recorder:
             ticket.settle(False)
         return ticket
 
-    async def _accept(self, records: list[dict[str, Any]], ticket: Ticket) -> None:
+    async def _accept(self, records: list[SpoolRecord], ticket: Ticket) -> None:
         if not self.spool.fsync:
             lines = [spool_line(r) for r in records]
             seg = self.spool.append(records, lines)  # a write() to the page cache
@@ -194,10 +192,10 @@ class Recorder:
         self._appends.put((records, fut, ticket))
         await asyncio.wrap_future(fut)
 
-    def _track(self, records: list[dict[str, Any]], delta: int) -> None:
+    def _track(self, records: list[SpoolRecord], delta: int) -> None:
         with self._refs_lock:
             for r in records:
-                it = r.get("interaction") or {}
+                it = r["interaction"]
                 for ref in {it.get("id"), it.get("group_id"), it.get("session_id")} - {None}:
                     n = self._refs.get(ref, 0) + delta
                     if n > 0:
@@ -256,7 +254,7 @@ class Recorder:
     def _enqueue(
         self,
         seg: Segment,
-        records: list[dict[str, Any]],
+        records: list[SpoolRecord],
         lines: list[bytes],
         tickets: list[Ticket] | Ticket | None = None,
     ) -> None:
@@ -267,7 +265,7 @@ class Recorder:
         for r, x, t in zip(records, lines, per_record, strict=True):
             self.queue.put(Pending(seg, r, now, len(x), t))
 
-    def _store(self, records: list[dict[str, Any]], patient: bool = True) -> int | None:
+    def _store(self, records: list[SpoolRecord], patient: bool = True) -> int | None:
         """Write ``records``; returns the interactions inserted. Connection trouble is
         retried with backoff (``patient``) or answered None (the caller keeps the
         records). A refusal for content splits the batch until the refused record is

@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.db import DB_DOWN, STALE_IF_DOWN_S
 from core.redaction_patterns import RedactionConfigError, compile_patterns
+from gateway.spool import SpoolRecord
 from schemas.tables import ProjectRow
 
 log = logging.getLogger("rlgate.redaction")
@@ -107,14 +108,14 @@ class Redactor:
             return [self.value(x, counts) for x in v]
         return v
 
-    def record(self, item: dict[str, Any]) -> dict[str, Any]:
-        """One recorder item ``{"interaction": ..., "session": ...}``, redacted; the
+    def record(self, item: SpoolRecord) -> SpoolRecord:
+        """One spool record (the interaction and the session it opened), redacted; the
         interaction is marked and its token data dropped when anything matched."""
         counts: Counter[str] = Counter()
         rec = dict(item["interaction"])
         rec["request"] = self.value(rec.get("request") or {}, counts)
         rec["output"] = self.value(rec.get("output") or {}, counts)
-        session = item.get("session")
+        session = item["session"]
         if session is not None and session.get("metadata"):
             session = {**session, "metadata": self.value(session["metadata"], counts)}
         found = {k: n for k, n in counts.items() if n}
@@ -127,15 +128,16 @@ class Redactor:
                 "dropped": list(TOKEN_FIELDS),
                 **({"config_error": self.config_error} if self.config_error else {}),
             }
-        return {**item, "interaction": rec, "session": session}
+        return SpoolRecord(interaction=rec, session=session)
 
 
-def strip_client_marker(item: dict[str, Any]) -> dict[str, Any]:
+def strip_client_marker(item: SpoolRecord) -> SpoolRecord:
     """A client cannot send the marker itself (it would skip training or retention)."""
     request = item["interaction"].get("request")
     if isinstance(request, dict) and MARKER in request:
         request = {k: v for k, v in request.items() if k != MARKER}
-        item = {**item, "interaction": {**item["interaction"], "request": request}}
+        interaction = {**item["interaction"], "request": request}
+        item = SpoolRecord(interaction=interaction, session=item["session"])
     return item
 
 
@@ -193,7 +195,7 @@ class RedactionPolicy:
         self._cache[project_id] = (now, redactor)
         return redactor
 
-    async def apply(self, project_id: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def apply(self, project_id: str, items: list[SpoolRecord]) -> list[SpoolRecord]:
         """The recorder items for ``project_id``, redacted when redaction is on for it."""
         items = [strip_client_marker(i) for i in items]
         hit = self._cache.get(project_id)

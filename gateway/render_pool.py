@@ -8,7 +8,7 @@ loop one long prompt would stall every other request, ``/health`` included. Here
 still waiting for a worker is dropped at that point; one already running cannot be
 interrupted (the tokenizer is native code) and keeps its worker until it returns, its
 result discarded. Prompts are bounded before they get here (request body size, prompt
-characters; see gateway/limits.py and templating.check_prompt_chars), so a job that runs
+characters; see gateway/body_limit.py and templating.check_prompt_chars), so a job that runs
 into the limit means the gateway is overloaded, not that the prompt is malformed.
 """
 

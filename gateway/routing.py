@@ -47,7 +47,7 @@ def parse_json(raw: bytes) -> Any:
 
 async def read_json(request: Request) -> Any:
     """The JSON body (``parse_json``). Its size is bounded by the body limit
-    (gateway.limits answers a 413 first); a large body is parsed off the event loop."""
+    (gateway.body_limit answers a 413 first); a large body is parsed off the event loop."""
     raw = await request.body()
     if len(raw) > PARSE_OFF_LOOP_BYTES:
         return await asyncio.to_thread(parse_json, raw)

@@ -16,6 +16,7 @@ from typing import Any
 
 from core import engine_protocol as proto
 from core.errors import APIError
+from gateway.adapter_leases import Leases
 from gateway.auth import Principal, require_model_key
 from gateway.engine_client import AdapterNotLoaded, EngineClient
 from gateway.errors import bad_request
@@ -34,7 +35,7 @@ from gateway.recorder import Recorder
 from gateway.redaction import RedactionPolicy
 from gateway.render_pool import RenderPool
 from gateway.request import Completion, GenerationRequest, ToolCallOut
-from gateway.serving import Leases, ServingPolicy
+from gateway.serving_cache import ServingPolicy
 from gateway.sessions import SessionStore
 from gateway.templating import ChatRenderer, check_prompt_chars
 from schemas.coltypes import utcnow

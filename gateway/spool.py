@@ -14,12 +14,22 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:
     from gateway.commits import Ticket
 
 SEGMENT_MAX_RECORDS = 2000
+
+
+class SpoolRecord(TypedDict):
+    """One recorded choice, a line of the spool: the ATDP interaction (``Interaction``
+    dumped in JSON mode) and, with the first call of a session the call opened, that
+    session's row (``Session`` in JSON mode; None otherwise). gateway/record_batch.py
+    writes it to the database; gateway/redaction.py redacts it before it is spooled."""
+
+    interaction: dict[str, Any]
+    session: dict[str, Any] | None
 
 
 @dataclass
@@ -33,13 +43,13 @@ class Segment:
 @dataclass
 class Pending:
     segment: Segment
-    record: dict[str, Any]
+    record: SpoolRecord
     enqueued_at: float = field(default_factory=time.monotonic)
     size: int = 0  # bytes of its spool line
     ticket: Ticket | None = None  # the commit its request waits for (gateway.commits)
 
 
-def spool_line(record: dict[str, Any]) -> bytes:
+def spool_line(record: SpoolRecord) -> bytes:
     return json.dumps(record, separators=(",", ":")).encode() + b"\n"
 
 
@@ -59,7 +69,7 @@ class Spool:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         return Segment(path, fh)
 
-    def append(self, records: list[dict[str, Any]], lines: list[bytes] | None = None) -> Segment:
+    def append(self, records: list[SpoolRecord], lines: list[bytes] | None = None) -> Segment:
         data = b"".join(lines if lines is not None else [spool_line(r) for r in records])
         with self.lock:
             seg = self.current

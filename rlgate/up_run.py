@@ -60,7 +60,7 @@ def _training(settings: Settings, factory: Any, data_dir: Path, rlgate: str) -> 
     """The printed training trigger of the default project (its own settings)."""
     from rlgate.up_snippets import training_note
     from trainer.config import TrainConfigError
-    from trainer.serving import project_config
+    from trainer.serving_switch import project_config
 
     project = settings.default_project
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from schemas.atdp import Interaction, Session
+from schemas.atdp import Interaction, PolicyStatus, PolicyVersion, Session
 from schemas.coltypes import utcnow
 
 T0 = utcnow()
@@ -53,6 +53,29 @@ def interaction(
             "output": {"text": text},
             "usage": {"prompt_tokens": 1, "completion_tokens": 1},
             "created_at": start + timedelta(seconds=seq),
+            **fields,
+        }
+    )
+
+
+def policy_version(
+    project_id: str, version: int, status: PolicyStatus = PolicyStatus.candidate, **fields: Any
+) -> PolicyVersion:
+    """Version ``version`` of a project's adapter, ``<project>-policy-v<version>``, stored
+    under /adapters/ (no files there)."""
+    name = f"{project_id}-policy-v{version}"
+    lora = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}
+    return PolicyVersion.model_validate(
+        {
+            "id": f"pv_{project_id}_{version}",
+            "project_id": project_id,
+            "name": name,
+            "version": version,
+            "base_model": "packaged",
+            "path": f"/adapters/{name}",
+            "lora_config": lora,
+            "status": status,
+            "created_at": T0,
             **fields,
         }
     )

@@ -1,8 +1,9 @@
-"""Start real rlgate processes for tests: the embedded engine and the gateway.
+"""Start real rlgate processes for tests and benchmarks: the embedded engine and the gateway.
 
 Both run as subprocesses on free ports, exactly as `rlgate engine` / `rlgate gateway`
 run in production; the converted packaged model is cached in RLGATE_ENGINE_TEST_CACHE
 (default /tmp/rlgate-engine-cache) so the GGUF conversion happens once per machine.
+The bench/ scripts start their engines with these helpers too (they need only httpx).
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ def running(
         fh.close()
 
 
-def engine_cmd(port: int, *extra: str) -> list[str]:
+def engine_cmd(port: int, *extra: str, data_dir: Path = MODEL_CACHE) -> list[str]:
+    """``python -m engine`` on ``port`` with the model cache in ``data_dir``; ``extra``
+    are more of its options (e.g. ``--context-length 512``)."""
     return [
         sys.executable,
         "-m",
@@ -95,7 +98,7 @@ def engine_cmd(port: int, *extra: str) -> list[str]:
         "--port",
         str(port),
         "--data-dir",
-        str(MODEL_CACHE),
+        str(data_dir),
         "--log-level",
         "warning",
         *extra,

@@ -120,7 +120,8 @@ def sglang_server(log: Path, *extra: str) -> Iterator[SGLang]:
     port = free_port()
     key = secrets.token_urlsafe(16)
     cmd = [python, "-m", "sglang.launch_server", "--model-path", str(model_dir())]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--api-key", key]
+    # one argument: a key may start with "-" (token_urlsafe), which argparse reads as an option
+    cmd += ["--host", "127.0.0.1", "--port", str(port), f"--api-key={key}"]
     cmd += [*LORA_ARGS, *(() if gpu else CPU_ARGS), *extra]
     # SGLang's own environment: none of rlgate's packages on its path
     env = {"PYTHONPATH": "", **({} if gpu else CPU_ENV)}

@@ -66,7 +66,8 @@ def train_now(
 
     The run row exists immediately with status ``queued``; a worker picks it up.
     """
-    from trainer import runs, serving
+    from trainer import runs
+    from trainer import serving_switch as serving
     from trainer.celery_base import publisher
     from trainer.tasks import TRAIN_TASK
 
@@ -222,7 +223,7 @@ def serve_version(
 ) -> dict[str, Any]:
     """Serve a version (name or number) of the project; an AuditEvent ``action``.
     :class:`PublishError` when an engine refused it, LookupError for an unknown one."""
-    from trainer import serving
+    from trainer import serving_switch as serving
 
     return dict(
         serving.serve_version(
@@ -233,19 +234,19 @@ def serve_version(
 
 def rollback(project_id: str, target: str | int, actor: str) -> dict[str, Any]:
     """Re-serve an earlier version (name or number); an AuditEvent adapter.rollback."""
-    from trainer import serving
+    from trainer import serving_switch as serving
 
     return serving.serve_version(project_id, target, actor=actor, action="adapter.rollback")
 
 
 def promote(project_id: str, target: str | int, actor: str) -> dict[str, Any]:
     """Serve a given version (e.g. a candidate); an AuditEvent adapter.promote."""
-    from trainer import serving
+    from trainer import serving_switch as serving
 
     return serving.serve_version(project_id, target, actor=actor, action="adapter.promote")
 
 
 def list_adapters(project_id: str | None = None) -> list[dict[str, Any]]:
-    from trainer import serving
+    from trainer import serving_switch as serving
 
     return serving.list_versions(project_id)

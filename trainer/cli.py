@@ -123,11 +123,11 @@ def train_command(once: bool, projects: tuple[str, ...], progress: bool) -> None
 
     from schemas.atdp import RunStatus
     from schemas.tables import ProjectRow
-    from trainer import api, runner, serving
+    from trainer import api, runner, serving_switch
 
     settings = get_settings()
     configure_logging(settings.log_level)
-    factory = serving.db_factory(settings)
+    factory = serving_switch.db_factory(settings)
     if not projects:
         with factory() as db:
             projects = tuple(db.scalars(select(ProjectRow.id).order_by(ProjectRow.id)))
@@ -157,9 +157,9 @@ def adapters_group() -> None:
 @click.option("--project", "-p", default=None)
 @click.option("--json", "as_json", is_flag=True)
 def adapters_list(project: str | None, as_json: bool) -> None:
-    from trainer import serving
+    from trainer import serving_switch
 
-    rows = serving.list_versions(project)
+    rows = serving_switch.list_versions(project)
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
@@ -168,11 +168,11 @@ def adapters_list(project: str | None, as_json: bool) -> None:
 
 
 def _serve(project: str, target: str, action: str) -> None:
-    from trainer import serving
+    from trainer import serving_switch
     from trainer.publish import PublishError
 
     try:
-        result = serving.serve_version(project, target, actor="cli", action=action)
+        result = serving_switch.serve_version(project, target, actor="cli", action=action)
     except (LookupError, PublishError) as e:
         click.echo(f"rlgate: error: {e}", err=True)
         sys.exit(2)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import false, func, or_, select
 from sqlalchemy.orm import Session
 
-from schemas.atdp import PolicyStatus
+from core.serving_version import serving_version
 from schemas.tables import InteractionRow, PolicyVersionRow, SessionRow
 
 BASE_POLICY = "base"
@@ -61,13 +61,12 @@ class Selection:
 def policy_versions(db: Session, project_id: str) -> tuple[dict[str, int], int]:
     """(adapter name -> version incl. 'base' -> 0, serving version or 0)."""
     rows = db.execute(
-        select(PolicyVersionRow.name, PolicyVersionRow.version, PolicyVersionRow.status).where(
+        select(PolicyVersionRow.name, PolicyVersionRow.version).where(
             PolicyVersionRow.project_id == project_id
         )
     ).all()
-    versions = {BASE_POLICY: 0, **{name: v for name, v, _ in rows}}
-    serving = max((v for _, v, s in rows if s == PolicyStatus.serving), default=0)
-    return versions, serving
+    serving = serving_version(db, project_id)
+    return {BASE_POLICY: 0, **dict(rows)}, serving.version if serving is not None else 0
 
 
 def trainable_where(project_id: str):  # type: ignore[no-untyped-def]

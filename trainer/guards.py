@@ -37,6 +37,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.serving_version import serving_version
 from schemas.atdp import PolicyStatus
 from schemas.tables import InteractionRow, PolicyVersionRow
 from trainer.config import TrainConfig
@@ -197,12 +198,7 @@ def _betainc(a: float, b: float, x: float) -> float:
 
 def serving_measured(db: Session, project_id: str, cfg: TrainConfig) -> bool:
     """Has the serving version (or the base model) enough rated units to be judged?"""
-    row = db.scalars(
-        select(PolicyVersionRow).where(
-            PolicyVersionRow.project_id == project_id,
-            PolicyVersionRow.status == PolicyStatus.serving,
-        )
-    ).first()
+    row = serving_version(db, project_id)
     name = row.name if row else "base"
     rated = (
         InteractionRow.project_id == project_id,
@@ -224,12 +220,7 @@ def serving_measured(db: Session, project_id: str, cfg: TrainConfig) -> bool:
 
 def check(db: Session, project_id: str, cfg: TrainConfig) -> Trip | None:
     """The first guard that trips for the serving version, or None."""
-    row = db.scalars(
-        select(PolicyVersionRow).where(
-            PolicyVersionRow.project_id == project_id,
-            PolicyVersionRow.status == PolicyStatus.serving,
-        )
-    ).first()
+    row = serving_version(db, project_id)
     if row is None:
         return None
     cur = version_stats(db, project_id, row.name, row.version)
@@ -270,7 +261,7 @@ def check(db: Session, project_id: str, cfg: TrainConfig) -> Trip | None:
 def enforce(factory: sessionmaker[Session], settings: Any, project_id: str) -> dict | None:
     """Check the guards and, on a trip, re-serve the best earlier version (audited).
     Returns the audit details of the rollback, or None."""
-    from trainer.serving import project_config, serve_version
+    from trainer.serving_switch import project_config, serve_version
 
     with factory() as db:
         _, cfg = project_config(db, project_id)

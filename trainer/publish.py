@@ -39,6 +39,7 @@ from core.db import transaction
 from core.engine_http import EngineHTTP, RouterError, control_urls
 from core.keys import audit
 from core.live_adapters import drop_live, make_live
+from core.serving_version import adapters_in_service, serving_in
 from core.settings import Settings
 from schemas.atdp import PolicyStatus, RunStatus
 from schemas.coltypes import utcnow
@@ -47,7 +48,6 @@ from trainer.eval_gate import EvalGate, GateConfigError, GateError, resolve, sco
 
 log = logging.getLogger("rlgate.trainer")
 TIMEOUT_S = 660.0  # an unload waits for the requests still using the adapter (600 s)
-OUT_OF_SERVICE = (PolicyStatus.retired, PolicyStatus.rejected)
 
 
 class PublishError(Exception):
@@ -137,28 +137,14 @@ def retire(
     return unload_everywhere(engine_urls, name, headers)
 
 
-def _versions(factory: sessionmaker[Session]) -> tuple[dict[str, str], set[str]]:
-    """(serving name -> stored path, names out of service) across projects."""
-    with factory() as db:
-        rows = db.execute(
-            select(PolicyVersionRow.name, PolicyVersionRow.path, PolicyVersionRow.status)
-        )
-        serving, out = {}, set()
-        for name, path, status in rows:
-            if status == PolicyStatus.serving:
-                serving[name] = path
-            elif status in OUT_OF_SERVICE:
-                out.add(name)
-    return serving, out
-
-
 def sync_engines(
     factory: sessionmaker[Session], engine_urls: list[str], headers: dict[str, str] | None = None
 ) -> list[str]:
     """Bring every engine to the serving versions (an engine that restarted lacks them)
     and unload retired or rejected ones it still holds; returns 'url:name' loaded or
     '-url:name' unloaded. The serving versions' live directories are (re)created."""
-    serving, out = _versions(factory)
+    with factory() as db:
+        serving, out = adapters_in_service(db)
     sources = {}
     for name, path in serving.items():
         try:
@@ -203,26 +189,15 @@ def switch_serving(
         target = db.get(PolicyVersionRow, version_id)
         if target is None or target.project_id != project_id:
             raise LookupError(f"no policy version {version_id} in project {project_id}")
+        others = (*serving_in(project_id), PolicyVersionRow.id != version_id)
         old = db.scalars(
-            select(PolicyVersionRow).where(
-                PolicyVersionRow.project_id == project_id,
-                PolicyVersionRow.status == PolicyStatus.serving,
-                PolicyVersionRow.id != version_id,
-            )
+            select(PolicyVersionRow).where(*others).order_by(PolicyVersionRow.version.desc())
         ).all()
         if require_newer and any(o.version > target.version for o in old):
             raise PublishError(
                 f"{target.name} is older than the serving {old[0].name}; not promoted"
             )
-        db.execute(
-            update(PolicyVersionRow)
-            .where(
-                PolicyVersionRow.project_id == project_id,
-                PolicyVersionRow.status == PolicyStatus.serving,
-                PolicyVersionRow.id != version_id,
-            )
-            .values(status=PolicyStatus.retired)
-        )
+        db.execute(update(PolicyVersionRow).where(*others).values(status=PolicyStatus.retired))
         target.status = PolicyStatus.serving
         target.promoted_at = utcnow()
         serving_events.announce(db, project_id)  # every gateway drops its cached pointer

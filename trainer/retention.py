@@ -233,7 +233,7 @@ def purge_payloads(
 def run_scheduled() -> list[dict[str, Any]]:
     """The beat job: every project with retention, at most MAX_ROWS_PER_RUN rows."""
     from core.settings import get_settings
-    from trainer.serving import db_factory  # the database, as the other trainer tasks
+    from trainer.serving_switch import db_factory  # the database, as the other trainer tasks
 
     settings = get_settings()
     results = purge_payloads(

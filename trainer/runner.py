@@ -9,7 +9,7 @@ by the next claimer's takeover); an engine that refuses the adapter leaves the r
 again. Before a run claims, the guards (trainer/guards.py) judge the serving version; a
 trip rolls back to the best earlier version, and the run then warm-starts from it.
 What triggers a run is in trainer/triggers.py; the operations on versions (publish,
-retry_publish, serve_version, list_versions) in trainer/serving.py, which reaches the
+retry_publish, serve_version, list_versions) in trainer/serving_switch.py, which reaches the
 engines and the eval gate through trainer/publish.py. Callers import those from there.
 """
 
@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.db import transaction
 from core.keys import new_id
+from core.serving_version import serving_version, serving_versions
 from core.settings import Settings, get_settings
 from schemas.atdp import PolicyStatus, RunStatus
 from schemas.coltypes import utcnow
@@ -35,7 +36,7 @@ from trainer import guards, runs
 from trainer.advantages import Baselines, compute_advantages
 from trainer.config import TrainConfig, TrainConfigError
 from trainer.data import select_samples
-from trainer.serving import db_factory, project_config, publish_version, serving_row
+from trainer.serving_switch import db_factory, project_config, publish_version
 
 log = logging.getLogger("rlgate.trainer")
 # a run looks at up to this many x max_samples rows, so that zero-variance groups (dropped)
@@ -107,13 +108,9 @@ def guard_all(factory: sessionmaker[Session], settings: Settings) -> list[str]:
     """The beat's guard pass: every project whose serving version has a version before
     it; returns ``project:rolled-back-name`` for each rollback."""
     with factory() as db:
-        ids = db.scalars(
-            select(PolicyVersionRow.project_id).where(
-                PolicyVersionRow.status == PolicyStatus.serving
-            )
-        ).all()
+        ids = sorted(serving_versions(db))
     out = []
-    for project_id in sorted(set(ids)):
+    for project_id in ids:
         trip = check_guards(factory, settings, project_id)
         if trip:
             out.append(f"{project_id}:{trip['rolled_back']}")
@@ -163,7 +160,7 @@ def _train_and_commit(
             max_samples=cfg.max_samples * SELECT_FACTOR,
             group_by_prompt=cfg.group_by_prompt,
         )
-        serving = serving_row(db, project_id)
+        serving = serving_version(db, project_id)
         next_version = 1 + int(
             db.scalar(
                 select(func.max(PolicyVersionRow.version)).where(

@@ -26,7 +26,7 @@ import os
 import time
 from typing import Any
 
-from trainer import hooks, runner, serving, triggers, verify_leases
+from trainer import hooks, runner, serving_switch, triggers, verify_leases
 from trainer.celery_base import app
 
 log = logging.getLogger("rlgate.trainer")
@@ -63,7 +63,7 @@ def _give_memory_back() -> None:
 
 @app.task(name="rlgate.retry_publish")
 def retry_publish() -> list[str]:
-    return serving.retry_publish()
+    return serving_switch.retry_publish()
 
 
 @app.task(name="rlgate.tick")
@@ -72,8 +72,8 @@ def tick() -> dict[str, Any]:
     from trainer.publish import PublishError, engines, sync_engines
 
     settings = get_settings()
-    factory = serving.db_factory(settings)
-    published = serving.retry_publish(settings, factory)
+    factory = serving_switch.db_factory(settings)
+    published = serving_switch.retry_publish(settings, factory)
     try:
         reloaded = sync_engines(factory, engines(settings))
     except PublishError as e:  # the router cannot list its workers: the next tick retries

@@ -18,17 +18,9 @@ from fastapi.responses import JSONResponse
 from core.errors import APIError
 from gateway import admin_actions as actions
 from gateway.admin import queries
-from gateway.admin.auth import api_ctx, project_for
+from gateway.admin.auth import Ctx, api_ctx, project_for
 from gateway.admin.ops import db, decoder, do_action, recording_status
-from gateway.admin.params import (
-    feedback_filters,
-    int_param,
-    key_filters,
-    paging,
-    q,
-    run_filters,
-    session_filters,
-)
+from gateway.admin.params import LISTS, int_param, list_page, paging, q
 from gateway.admin_actions import ActionError
 from gateway.routing import gw_of, read_json
 
@@ -66,6 +58,21 @@ async def _json_body(request: Request) -> dict[str, Any]:
 # ---- reading ------------------------------------------------------------------------
 
 
+def _list_route(name: str) -> None:
+    """``GET /admin/api/<name>``: one page of a dashboard list (params.py ``LISTS``)."""
+
+    async def route(request: Request) -> JSONResponse:
+        ctx = await api_ctx(request)
+        return JSONResponse((await list_page(request, name, ctx.scope)).as_json())
+
+    route.__name__ = f"api_{name}"
+    router.add_api_route(f"/admin/api/{name}", route, methods=["GET"])
+
+
+for _name in LISTS:
+    _list_route(_name)
+
+
 @router.get("/admin/api/overview")
 async def api_overview(request: Request) -> JSONResponse:
     ctx = await api_ctx(request)
@@ -73,15 +80,6 @@ async def api_overview(request: Request) -> JSONResponse:
     ov = await db(request, queries.overview, ctx.scope, hours)
     ov["recording"] = recording_status(request)
     return JSONResponse(queries.jsonable(ov))
-
-
-@router.get("/admin/api/sessions")
-async def api_sessions(request: Request) -> JSONResponse:
-    ctx = await api_ctx(request)
-    page = await db(
-        request, queries.sessions, ctx.scope, **session_filters(request), **paging(request)
-    )
-    return JSONResponse(page.as_json())
 
 
 @router.get("/admin/api/sessions/{session_id}")
@@ -92,22 +90,6 @@ async def api_session(session_id: str, request: Request) -> JSONResponse:
     if detail is None:
         raise APIError(404, f"no session {session_id}")
     return JSONResponse(queries.jsonable(detail))
-
-
-@router.get("/admin/api/feedback")
-async def api_feedback(request: Request) -> JSONResponse:
-    ctx = await api_ctx(request)
-    page = await db(
-        request, queries.feedback, ctx.scope, **feedback_filters(request), **paging(request)
-    )
-    return JSONResponse(page.as_json())
-
-
-@router.get("/admin/api/runs")
-async def api_runs(request: Request) -> JSONResponse:
-    ctx = await api_ctx(request)
-    page = await db(request, queries.runs, ctx.scope, **run_filters(request), **paging(request))
-    return JSONResponse(page.as_json())
 
 
 @router.get("/admin/api/runs/{run_id}")
@@ -125,13 +107,6 @@ async def api_adapters(request: Request) -> JSONResponse:
     ctx = await api_ctx(request)
     items = await db(request, queries.adapters, ctx.scope, project=q(request, "project"))
     return JSONResponse({"items": queries.jsonable(items)})
-
-
-@router.get("/admin/api/keys")
-async def api_keys(request: Request) -> JSONResponse:
-    ctx = await api_ctx(request)
-    page = await db(request, queries.keys, ctx.scope, **key_filters(request), **paging(request))
-    return JSONResponse(page.as_json())
 
 
 # ---- acting -------------------------------------------------------------------------
@@ -159,13 +134,23 @@ async def api_key_revoke(key_id: str, request: Request) -> JSONResponse:
     return JSONResponse(out)
 
 
+async def _project_call(
+    request: Request, project_id: str, fn: Callable[..., Any], *args: Any, ctx: Ctx | None = None
+) -> Any:
+    """``fn(factory, project, *args)`` in a worker thread, for a project the caller may see
+    (``ctx``: the caller, when the route already checked it); a LookupError is a 404."""
+    ctx = ctx or await api_ctx(request)
+    pid = project_for(ctx, project_id)
+    try:
+        return await asyncio.to_thread(fn, gw_of(request).factory, pid, *args)
+    except LookupError as e:
+        raise APIError(404, str(e)) from None
+
+
 @router.get("/admin/api/projects/{project_id}/training")
 @action_errors
 async def api_training_get(project_id: str, request: Request) -> JSONResponse:
-    ctx = await api_ctx(request)
-    pid = project_for(ctx, project_id)
-    out = await asyncio.to_thread(actions.training_settings, gw_of(request).factory, pid)
-    return JSONResponse(out)
+    return JSONResponse(await _project_call(request, project_id, actions.training_settings))
 
 
 @router.patch("/admin/api/projects/{project_id}/training")
@@ -173,10 +158,8 @@ async def api_training_get(project_id: str, request: Request) -> JSONResponse:
 async def api_training_patch(project_id: str, request: Request) -> JSONResponse:
     ctx = await api_ctx(request, post=True)
     body = await _json_body(request)
-    pid = project_for(ctx, project_id)
-    factory = gw_of(request).factory
-    out = await asyncio.to_thread(actions.update_training_settings, factory, pid, body, ctx.actor)
-    return JSONResponse(out)
+    update = actions.update_training_settings
+    return JSONResponse(await _project_call(request, project_id, update, body, ctx.actor, ctx=ctx))
 
 
 @router.post("/admin/api/actions/{action}")
@@ -198,13 +181,7 @@ async def api_action(action: str, request: Request) -> JSONResponse:
 async def api_verifiers_get(project_id: str, request: Request) -> JSONResponse:
     from trainer import api as trainer_api
 
-    ctx = await api_ctx(request)
-    pid = project_for(ctx, project_id)
-    factory = gw_of(request).factory
-    try:
-        out = await asyncio.to_thread(trainer_api.verifier_settings, factory, pid)
-    except LookupError as e:
-        raise APIError(404, str(e)) from None
+    out = await _project_call(request, project_id, trainer_api.verifier_settings)
     return JSONResponse(queries.jsonable(out))
 
 
@@ -219,14 +196,11 @@ async def api_verifiers_put(project_id: str, request: Request) -> JSONResponse:
     body = await _json_body(request)
     if set(body) != {"verifiers"}:
         raise APIError(400, 'the body must be {"verifiers": [...]} (null removes them)')
-    pid = project_for(ctx, project_id)
-    factory = gw_of(request).factory
+    update = trainer_api.update_verifiers
     try:
-        out = await asyncio.to_thread(
-            trainer_api.update_verifiers, factory, pid, body["verifiers"], ctx.actor
+        out = await _project_call(
+            request, project_id, update, body["verifiers"], ctx.actor, ctx=ctx
         )
-    except LookupError as e:
-        raise APIError(404, str(e)) from None
     except (TypeError, ValueError) as e:  # VerifierSpecError is a ValueError
         raise APIError(400, f"verifiers not changed: {e}") from None
     return JSONResponse(queries.jsonable(out))
@@ -252,6 +226,7 @@ async def api_learning_curve(project_id: str, request: Request) -> JSONResponse:
     from trainer import api as trainer_api
 
     ctx = await api_ctx(request)
-    pid = project_for(ctx, project_id)
-    items = await asyncio.to_thread(trainer_api.learning_curve, gw_of(request).factory, pid)
-    return JSONResponse({"project_id": pid, "items": queries.jsonable(items)})
+    items = await _project_call(request, project_id, trainer_api.learning_curve, ctx=ctx)
+    return JSONResponse(
+        {"project_id": project_for(ctx, project_id), "items": queries.jsonable(items)}
+    )

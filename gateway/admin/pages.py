@@ -21,14 +21,7 @@ from gateway.admin import charts, learning, login, queries
 from gateway.admin.auth import Ctx, project_for
 from gateway.admin.forms import back, form_ctx, page_ctx
 from gateway.admin.ops import db, decoder, do_action, recording_status
-from gateway.admin.params import (
-    feedback_filters,
-    key_filters,
-    paging,
-    q,
-    run_filters,
-    session_filters,
-)
+from gateway.admin.params import list_page, paging, q
 from gateway.admin.render import html, render
 from gateway.admin_actions import ActionError
 from gateway.routing import gw_of
@@ -99,26 +92,25 @@ async def overview_page(request: Request) -> Response:
     )
 
 
+async def _list_html(
+    request: Request, ctx: Ctx, name: str, status: int = 200, **extra: Any
+) -> Response:
+    """The page of a dashboard list (params.py ``LISTS``), ``<name>.html``, with the
+    projects to filter by (unless ``extra`` brings its own) and the filters as sent."""
+    page = await list_page(request, name, ctx.scope)
+    if "projects" not in extra:
+        extra["projects"] = await db(request, queries.projects, ctx.scope)
+    template = f"{name}.html"
+    return html(render(request, template, ctx, page=page, f=request.query_params, **extra), status)
+
+
 @router.get("/admin/sessions")
 async def sessions_page(request: Request) -> Response:
     ctx = await page_ctx(request)
     if isinstance(ctx, Response):
         return ctx
-    f = session_filters(request)
-    page = await db(request, queries.sessions, ctx.scope, **f, **paging(request))
-    projects = await db(request, queries.projects, ctx.scope)
     agents = await db(request, queries.agents, ctx.scope)
-    return html(
-        render(
-            request,
-            "sessions.html",
-            ctx,
-            page=page,
-            projects=projects,
-            agents=agents,
-            f=request.query_params,
-        )
-    )
+    return await _list_html(request, ctx, "sessions", agents=agents)
 
 
 @router.get("/admin/sessions/{session_id}")
@@ -139,13 +131,7 @@ async def feedback_page(request: Request) -> Response:
     ctx = await page_ctx(request)
     if isinstance(ctx, Response):
         return ctx
-    page = await db(
-        request, queries.feedback, ctx.scope, **feedback_filters(request), **paging(request)
-    )
-    projects = await db(request, queries.projects, ctx.scope)
-    return html(
-        render(request, "feedback.html", ctx, page=page, projects=projects, f=request.query_params)
-    )
+    return await _list_html(request, ctx, "feedback")
 
 
 @router.get("/admin/runs")
@@ -153,13 +139,8 @@ async def runs_page(request: Request) -> Response:
     ctx = await page_ctx(request)
     if isinstance(ctx, Response):
         return ctx
-    page = await db(request, queries.runs, ctx.scope, **run_filters(request), **paging(request))
     ov = await db(request, queries.overview, ctx.scope, 1)
-    return html(
-        render(
-            request, "runs.html", ctx, page=page, projects=ov["projects"], f=request.query_params
-        )
-    )
+    return await _list_html(request, ctx, "runs", projects=ov["projects"])
 
 
 @router.get("/admin/runs/{run_id}")
@@ -199,20 +180,7 @@ async def adapters_page(request: Request) -> Response:
 async def _keys_html(
     request: Request, ctx: Ctx, created: dict[str, Any] | None = None, status: int = 200
 ) -> Response:
-    page = await db(request, queries.keys, ctx.scope, **key_filters(request), **paging(request))
-    projects = await db(request, queries.projects, ctx.scope)
-    return html(
-        render(
-            request,
-            "keys.html",
-            ctx,
-            page=page,
-            projects=projects,
-            created=created,
-            f=request.query_params,
-        ),
-        status,
-    )
+    return await _list_html(request, ctx, "keys", status, created=created)
 
 
 @router.get("/admin/keys")

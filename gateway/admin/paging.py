@@ -4,7 +4,8 @@ OFFSET plus one COUNT)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -14,6 +15,8 @@ from sqlalchemy.orm import Session
 from schemas.coltypes import utcnow
 
 PAGE_SIZE = 50
+Scope = list[str] | None  # the project ids the caller may see; None: every project
+Values = Mapping[str, Any]  # a list's filter values by name (``Filters``)
 MAX_PAGE_SIZE = 500
 MAX_TOKENS_SHOWN = 4000
 
@@ -49,27 +52,43 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+def fields(row: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """A row's attributes ``names`` as a dict (what a list item shows of it)."""
+    return {name: getattr(row, name) for name in names}
+
+
 def in_scope(q: Select, col: Any, projects: list[str] | None) -> Select:
     return q if projects is None else q.where(col.in_(projects))
 
 
-def matching(
-    q: Select,
-    *equal: tuple[Any, Any],
-    created: Any = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
-) -> Select:
-    """``q`` narrowed by the dashboard's filters: each (column, value) pair whose value is
-    set must match, and ``created`` must lie in [since, until) where those are set."""
-    for col, value in equal:
-        if value:
-            q = q.where(col == value)
-    if since is not None:
-        q = q.where(created >= since)
-    if until is not None:
-        q = q.where(created < until)
-    return q
+@dataclass(frozen=True)
+class Filters:
+    """One dashboard list's filters, each declared once; the query string is read from
+    this (gateway/admin/params.py ``filters_of``) and the query narrowed by it.
+
+    ``equal``: a text filter's query-string name -> the column it must equal (its
+    ``project`` column is also the caller's scope); ``created``: the column that the
+    ``since``/``until`` window narrows (None: the list has no window); ``text``: text
+    filters the query applies itself; ``flags``: yes/no filters, argument name -> its
+    query-string name."""
+
+    equal: dict[str, Any]
+    created: Any = None
+    text: tuple[str, ...] = ()
+    flags: dict[str, str] = field(default_factory=dict)
+
+    def narrow(self, q: Select, scope: list[str] | None, values: Mapping[str, Any]) -> Select:
+        """``q`` within ``scope``, each set ``equal`` filter matching and the creation
+        time in [since, until) where those are set."""
+        q = in_scope(q, self.equal["project"], scope)
+        for name, col in self.equal.items():
+            if values.get(name):
+                q = q.where(col == values[name])
+        if values.get("since") is not None:
+            q = q.where(self.created >= values["since"])
+        if values.get("until") is not None:
+            q = q.where(self.created < values["until"])
+        return q
 
 
 def page_of(db: Session, q: Select, page: int, size: int, order: list[Any]) -> tuple[list, int]:

@@ -1,7 +1,10 @@
-"""Query-string parameters of the dashboard pages and the JSON API: paging and filters."""
+"""Query-string parameters of the dashboard pages and the JSON API: paging and filters,
+and the paged lists both show (``LISTS``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -9,6 +12,8 @@ from fastapi import Request
 
 from core.errors import APIError
 from gateway.admin import queries
+from gateway.admin.ops import db
+from gateway.admin.paging import Filters, Page
 
 _YES = ("1", "true", "yes")
 
@@ -43,40 +48,35 @@ def paging(request: Request) -> dict[str, int]:
     }
 
 
-def session_filters(request: Request) -> dict[str, Any]:
-    return {
-        "project": q(request, "project"),
-        "status": q(request, "status"),
-        "rated": q(request, "rated"),
-        "agent": q(request, "agent"),
-        "since": time_param(request, "since"),
-        "until": time_param(request, "until"),
-    }
+def filters_of(request: Request, filters: Filters) -> dict[str, Any]:
+    """The values of a list's declared filters in the query string (empty text: unset)."""
+    out: dict[str, Any] = {name: q(request, name) for name in (*filters.equal, *filters.text)}
+    if filters.created is not None:
+        out |= {"since": time_param(request, "since"), "until": time_param(request, "until")}
+    for arg, name in filters.flags.items():
+        out[arg] = request.query_params.get(name) in _YES
+    return out
 
 
-def feedback_filters(request: Request) -> dict[str, Any]:
-    return {
-        "project": q(request, "project"),
-        "source": q(request, "source"),
-        "target_type": q(request, "target_type"),
-        "session_id": q(request, "session_id"),
-        "since": time_param(request, "since"),
-        "until": time_param(request, "until"),
-    }
+@dataclass(frozen=True)
+class Listing:
+    """A paged dashboard list: its query and the filters it declares."""
+
+    query: Callable[..., Page]
+    filters: Filters
 
 
-def run_filters(request: Request) -> dict[str, Any]:
-    return {
-        "project": q(request, "project"),
-        "status": q(request, "status"),
-        "trigger": q(request, "trigger"),
-    }
+# the lists the pages (/admin/<name>) and the JSON API (/admin/api/<name>) both show
+LISTS = {
+    "sessions": Listing(queries.sessions, queries.SESSION_FILTERS),
+    "feedback": Listing(queries.feedback, queries.FEEDBACK_FILTERS),
+    "runs": Listing(queries.runs, queries.RUN_FILTERS),
+    "keys": Listing(queries.keys, queries.KEY_FILTERS),
+}
 
 
-def key_filters(request: Request) -> dict[str, Any]:
-    return {
-        "project": q(request, "project"),
-        "kind": q(request, "kind"),
-        "include_revoked": request.query_params.get("revoked") in _YES,
-        "include_session_keys": request.query_params.get("session_keys") in _YES,
-    }
+async def list_page(request: Request, name: str, scope: list[str] | None) -> Page:
+    """One page of the list ``name``, filtered and paged by the query string."""
+    listing = LISTS[name]
+    values = filters_of(request, listing.filters)
+    return await db(request, listing.query, scope, values, **paging(request))

@@ -14,16 +14,22 @@ from typing import Any
 from sqlalchemy import and_, exists, func, or_, select
 from sqlalchemy.orm import Session
 
+from core.serving_version import serving_version
 from gateway.admin.paging import (
     MAX_PAGE_SIZE,
     PAGE_SIZE,
+    Filters,
     Page,
+    Scope,
+    Values,
+    fields,
     in_scope,
     jsonable,
-    matching,
     page_of,
 )
 from gateway.admin.training_queries import (
+    KEY_FILTERS,
+    RUN_FILTERS,
     STEP_METRICS,
     adapters,
     keys,
@@ -33,12 +39,11 @@ from gateway.admin.training_queries import (
     runs,
 )
 from gateway.api.display import request_messages
-from schemas.atdp import PolicyStatus, SessionStatus
+from schemas.atdp import SessionStatus
 from schemas.coltypes import utcnow
 from schemas.tables import (
     FeedbackRow,
     InteractionRow,
-    PolicyVersionRow,
     ProjectRow,
     SessionRow,
     TrainingRunRow,
@@ -47,8 +52,10 @@ from schemas.tables import (
 MAX_TOKENS_SHOWN = 4000
 
 __all__ = [
+    "KEY_FILTERS",
     "MAX_PAGE_SIZE",
     "PAGE_SIZE",
+    "RUN_FILTERS",
     "STEP_METRICS",
     "Page",
     "adapters",
@@ -72,12 +79,7 @@ def overview(db: Session, scope: list[str] | None, hours: int = 24) -> dict[str,
     now = utcnow()
     out = []
     for p in db.scalars(in_scope(select(ProjectRow), ProjectRow.id, scope).order_by(ProjectRow.id)):
-        serving = db.scalars(
-            select(PolicyVersionRow).where(
-                PolicyVersionRow.project_id == p.id,
-                PolicyVersionRow.status == PolicyStatus.serving,
-            )
-        ).first()
+        serving = serving_version(db, p.id)
         last_run = db.scalars(
             select(TrainingRunRow)
             .where(TrainingRunRow.project_id == p.id)
@@ -169,27 +171,31 @@ def timeseries(
 # ---- sessions -----------------------------------------------------------------------
 
 
-def sessions(
-    db: Session,
-    scope: list[str] | None,
-    *,
-    project: str | None = None,
-    status: str | None = None,
-    rated: str | None = None,
-    agent: str | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    page: int = 1,
-    size: int = PAGE_SIZE,
-) -> Page:
-    q = in_scope(select(SessionRow), SessionRow.project_id, scope)
-    q = matching(
-        q,
-        (SessionRow.project_id, project),
-        (SessionRow.status, status),
-        (SessionRow.agent_name, agent),
-        created=SessionRow.created_at, since=since, until=until,
-    )  # fmt: skip
+SESSION_FILTERS = Filters(
+    equal={
+        "project": SessionRow.project_id,
+        "status": SessionRow.status,
+        "agent": SessionRow.agent_name,
+    },
+    created=SessionRow.created_at,
+    text=("rated",),  # yes | no: has feedback or a rewarded interaction
+)
+
+
+# a session's fields as the list and the detail both show them
+SESSION_FIELDS = (
+    "id", "project_id", "agent_name", "task_id", "client_protocol", "external_id", "status",
+    "created_at", "last_activity_at",
+)  # fmt: skip
+
+
+def _session(s: SessionRow) -> dict[str, Any]:
+    return fields(s, SESSION_FIELDS)
+
+
+def sessions(db: Session, scope: Scope, f: Values, *, page: int = 1, size: int = PAGE_SIZE) -> Page:
+    q = SESSION_FILTERS.narrow(select(SessionRow), scope, f)
+    rated = f.get("rated")
     if rated in ("yes", "no"):
         has = or_(
             exists().where(FeedbackRow.session_id == SessionRow.id),
@@ -225,15 +231,7 @@ def sessions(
         n, nr, mean = stats.get(s.id, (0, 0, None))
         items.append(
             {
-                "id": s.id,
-                "project_id": s.project_id,
-                "agent_name": s.agent_name,
-                "task_id": s.task_id,
-                "client_protocol": s.client_protocol,
-                "external_id": s.external_id,
-                "status": s.status,
-                "created_at": s.created_at,
-                "last_activity_at": s.last_activity_at,
+                **_session(s),
                 "interactions": n,
                 "rated_interactions": nr,
                 "feedback": nfb.get(s.id, 0),
@@ -322,19 +320,7 @@ def session_detail(
         .limit(500)
     ).all()
     return {
-        "session": {
-            "id": s.id,
-            "project_id": s.project_id,
-            "agent_name": s.agent_name,
-            "task_id": s.task_id,
-            "client_protocol": s.client_protocol,
-            "external_id": s.external_id,
-            "status": s.status,
-            "created_at": s.created_at,
-            "last_activity_at": s.last_activity_at,
-            "closed_at": s.closed_at,
-            "metadata": s.meta,
-        },
+        "session": {**_session(s), "closed_at": s.closed_at, "metadata": s.meta},
         "interactions": turns,
         "feedback": [_feedback(f) for f in fb],
     }
@@ -343,44 +329,28 @@ def session_detail(
 # ---- feedback -----------------------------------------------------------------------
 
 
+FEEDBACK_FILTERS = Filters(
+    equal={
+        "project": FeedbackRow.project_id,
+        "source": FeedbackRow.source,
+        "target_type": FeedbackRow.target_type,
+        "session_id": FeedbackRow.session_id,
+    },
+    created=FeedbackRow.created_at,
+)
+
+
+FEEDBACK_FIELDS = (
+    "id", "project_id", "target_type", "target_id", "session_id", "value", "scale", "reward",
+    "source", "rater", "comment", "created_at",
+)  # fmt: skip
+
+
 def _feedback(f: FeedbackRow) -> dict[str, Any]:
-    return {
-        "id": f.id,
-        "project_id": f.project_id,
-        "target_type": f.target_type,
-        "target_id": f.target_id,
-        "session_id": f.session_id,
-        "value": f.value,
-        "scale": f.scale,
-        "reward": f.reward,
-        "source": f.source,
-        "rater": f.rater,
-        "comment": f.comment,
-        "created_at": f.created_at,
-    }
+    return fields(f, FEEDBACK_FIELDS)
 
 
-def feedback(
-    db: Session,
-    scope: list[str] | None,
-    *,
-    project: str | None = None,
-    source: str | None = None,
-    target_type: str | None = None,
-    session_id: str | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
-    page: int = 1,
-    size: int = PAGE_SIZE,
-) -> Page:
-    q = in_scope(select(FeedbackRow), FeedbackRow.project_id, scope)
-    q = matching(
-        q,
-        (FeedbackRow.project_id, project),
-        (FeedbackRow.source, source),
-        (FeedbackRow.target_type, target_type),
-        (FeedbackRow.session_id, session_id),
-        created=FeedbackRow.created_at, since=since, until=until,
-    )  # fmt: skip
+def feedback(db: Session, scope: Scope, f: Values, *, page: int = 1, size: int = PAGE_SIZE) -> Page:
+    q = FEEDBACK_FILTERS.narrow(select(FeedbackRow), scope, f)
     rows, total = page_of(db, q, page, size, [FeedbackRow.created_at.desc(), FeedbackRow.id.desc()])
     return Page([_feedback(f) for (f,) in rows], total, page, size)

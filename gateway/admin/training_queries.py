@@ -9,7 +9,16 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from gateway.admin.paging import PAGE_SIZE, Page, duration, in_scope, matching, page_of
+from gateway.admin.paging import (
+    PAGE_SIZE,
+    Filters,
+    Page,
+    Scope,
+    Values,
+    duration,
+    in_scope,
+    page_of,
+)
 from schemas.tables import (
     ApiKeyRow,
     AuditEventRow,
@@ -92,23 +101,17 @@ def run_summary(db: Session, r: TrainingRunRow, pv: PolicyVersionRow | None = No
     }
 
 
-def runs(
-    db: Session,
-    scope: list[str] | None,
-    *,
-    project: str | None = None,
-    status: str | None = None,
-    trigger: str | None = None,
-    page: int = 1,
-    size: int = PAGE_SIZE,
-) -> Page:
-    q = in_scope(select(TrainingRunRow), TrainingRunRow.project_id, scope)
-    q = matching(
-        q,
-        (TrainingRunRow.project_id, project),
-        (TrainingRunRow.status, status),
-        (TrainingRunRow.trigger, trigger),
-    )
+RUN_FILTERS = Filters(
+    equal={
+        "project": TrainingRunRow.project_id,
+        "status": TrainingRunRow.status,
+        "trigger": TrainingRunRow.trigger,
+    }
+)
+
+
+def runs(db: Session, scope: Scope, f: Values, *, page: int = 1, size: int = PAGE_SIZE) -> Page:
+    q = RUN_FILTERS.narrow(select(TrainingRunRow), scope, f)
     rows, total = page_of(
         db, q, page, size, [TrainingRunRow.created_at.desc(), TrainingRunRow.id.desc()]
     )
@@ -205,22 +208,17 @@ def adapters(
     ]
 
 
-def keys(
-    db: Session,
-    scope: list[str] | None,
-    *,
-    project: str | None = None,
-    kind: str | None = None,
-    include_revoked: bool = False,
-    include_session_keys: bool = False,
-    page: int = 1,
-    size: int = PAGE_SIZE,
-) -> Page:
-    q = in_scope(select(ApiKeyRow), ApiKeyRow.project_id, scope)
-    q = matching(q, (ApiKeyRow.project_id, project), (ApiKeyRow.kind, kind))
-    if not include_revoked:
+KEY_FILTERS = Filters(
+    equal={"project": ApiKeyRow.project_id, "kind": ApiKeyRow.kind},
+    flags={"include_revoked": "revoked", "include_session_keys": "session_keys"},
+)
+
+
+def keys(db: Session, scope: Scope, f: Values, *, page: int = 1, size: int = PAGE_SIZE) -> Page:
+    q = KEY_FILTERS.narrow(select(ApiKeyRow), scope, f)
+    if not f.get("include_revoked"):
         q = q.where(ApiKeyRow.revoked_at.is_(None))
-    if not include_session_keys:
+    if not f.get("include_session_keys"):
         q = q.where(ApiKeyRow.session_id.is_(None))
     rows, total = page_of(db, q, page, size, [ApiKeyRow.created_at.desc(), ApiKeyRow.id.desc()])
     items = [

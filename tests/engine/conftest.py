@@ -8,10 +8,6 @@ The converted model is cached in ``RLGATE_ENGINE_TEST_CACHE`` (default
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,74 +19,31 @@ import torch
 
 from core.engine_protocol import SGLANG_VERSION
 from engine.model_files import PACKAGED_MODEL, resolve_model_dir
+from tests.servers import MODEL_CACHE, engine_cmd, free_port, running
 
-REPO = Path(__file__).resolve().parents[2]
-CACHE_DIR = Path(os.environ.get("RLGATE_ENGINE_TEST_CACHE", "/tmp/rlgate-engine-cache"))
 MAX_LORA_RANK = 16
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     named = os.environ.get("RLGATE_TEST_SGLANG_MODEL")  # the GPU check's model
-    return Path(named) if named else resolve_model_dir(PACKAGED_MODEL, CACHE_DIR)
+    return Path(named) if named else resolve_model_dir(PACKAGED_MODEL, MODEL_CACHE)
 
 
 @pytest.fixture(scope="session")
 def engine_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Base URL of an embedded engine subprocess (tmp data dir, shared model cache)."""
-    port = _free_port()
+    port = free_port()
     data_dir = tmp_path_factory.mktemp("engine-data")
-    log_path = data_dir / "engine.log"
-    env = {**os.environ, "RLGATE_DATA_DIR": str(data_dir), "PYTHONPATH": str(REPO)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "engine",
-        "--port",
-        str(port),
-        "--data-dir",
-        str(CACHE_DIR),
-        "--max-lora-rank",
-        str(MAX_LORA_RANK),
-        "--max-loaded-loras",
-        "3",
-        "--max-running-requests",
-        "8",
-        "--context-length",
-        "1024",
-        "--log-level",
-        "warning",
-    ]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 180
-        try:
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"engine exited early:\n{log_path.read_text()}")
-                try:
-                    if httpx.get(url + "/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"engine did not start:\n{log_path.read_text()}")
-                time.sleep(0.3)
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+    cmd = engine_cmd(
+        port,
+        *("--max-lora-rank", str(MAX_LORA_RANK), "--max-loaded-loras", "3"),
+        *("--max-running-requests", "8", "--context-length", "1024"),
+    )
+    env = {"RLGATE_DATA_DIR": str(data_dir)}
+    with running(cmd, env, data_dir / "engine.log", port, 180) as proc:
+        yield proc.url
 
 
 @dataclass(frozen=True)

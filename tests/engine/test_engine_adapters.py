@@ -95,14 +95,14 @@ def _recorded(factory, ids: list[str]) -> dict[str, str]:  # type: ignore[no-unt
 
 
 def test_retired_versions_never_serve(target: Target, sqlite_url, tmp_path, adapter_dirs) -> None:  # type: ignore[no-untyped-def]
-    from trainer import serving
+    from trainer import serving_switch
 
     factory, (key,) = setup_db(sqlite_url, project=PROJECT)
     root = tmp_path / target.kind
     settings = _settings(target, sqlite_url, tmp_path / "data")
     v1, name1 = _candidate(factory, root, adapter_dirs["a"], 1)
     v2, name2 = _candidate(factory, root, adapter_dirs["b"], 2)
-    assert serving.publish_version(factory, settings, v1)
+    assert serving_switch.publish_version(factory, settings, v1)
     engine = EngineHTTP(target.url, target.headers, 120)
     kw = {"engine_api_key": target.api_key or ""}
     with (
@@ -113,7 +113,7 @@ def test_retired_versions_never_serve(target: Target, sqlite_url, tmp_path, adap
         assert _chat(c, stale.url, key, "Hi.")[0] == name1  # the stale gateway caches v1
         assert _chat(c, fresh.url, key, "Hi.")[0] == name1
         # publish v2: v1 is retired; the stale gateway still names v1
-        assert serving.publish_version(factory, settings, v2)
+        assert serving_switch.publish_version(factory, settings, v2)
         assert not live_path(root / PROJECT / name1).exists()
         served = [_chat(c, stale.url, key, f"Say {i}.") for i in range(2)]
         served.append(_chat(c, fresh.url, key, "Say 2."))
@@ -121,7 +121,7 @@ def test_retired_versions_never_serve(target: Target, sqlite_url, tmp_path, adap
         assert set(_recorded(factory, [i for _, i in served]).values()) == {name2}
         assert name1 not in engine.adapters() and name2 in engine.adapters()
         # roll back to v1: v2 is retired; the stale gateway now caches v2
-        out = serving.serve_version(PROJECT, 1, settings=settings, factory=factory)
+        out = serving_switch.serve_version(PROJECT, 1, settings=settings, factory=factory)
         assert out["changed"] and out["previous"] == name2
         served = [_chat(c, stale.url, key, "Again.", stream=True)]  # refused inside a stream
         served += [_chat(c, stale.url, key, "Once more."), _chat(c, fresh.url, key, "Bye.")]
@@ -133,7 +133,7 @@ def test_retired_versions_never_serve(target: Target, sqlite_url, tmp_path, adap
     with factory() as db:
         statuses = dict(db.execute(select(PolicyVersionRow.name, PolicyVersionRow.status)).all())
     assert statuses == {name1: "serving", name2: "retired"}
-    serving.serve_version(PROJECT, 2, settings=settings, factory=factory)  # leave one loaded
+    serving_switch.serve_version(PROJECT, 2, settings=settings, factory=factory)  # leave one loaded
     engine.unload(name2)
     engine.client.close()
 
@@ -146,15 +146,15 @@ def test_syncs_load_serving_and_unload_retired(
     directory, and a retired version it still holds (an unload that missed it) goes."""
     from gateway.adapter_sync import AdapterSync
     from gateway.engine_client import EngineClient
-    from trainer import publish, serving
+    from trainer import publish, serving_switch
 
     factory, _ = setup_db(sqlite_url, project=PROJECT)
     root = tmp_path / f"sync-{target.kind}"
     settings = _settings(target, sqlite_url, tmp_path / "data")
     v1, name1 = _candidate(factory, root, adapter_dirs["a"], 1)
     v2, name2 = _candidate(factory, root, adapter_dirs["b"], 2)
-    assert serving.publish_version(factory, settings, v1)
-    assert serving.publish_version(factory, settings, v2)
+    assert serving_switch.publish_version(factory, settings, v1)
+    assert serving_switch.publish_version(factory, settings, v2)
     with EngineHTTP(target.url, target.headers, 120) as engine:
         # the engine restarted (lost v2) and an unload of v1 went missing
         assert engine.unload(name2)[0]

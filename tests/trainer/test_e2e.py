@@ -259,12 +259,12 @@ def test_engine_refusal_leaves_run_trained_not_published_then_retry(
     engine_url: str, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Embedded shape (SQLite), run in this process: an unreachable engine refuses."""
-    from trainer import runner, serving
+    from trainer import runner, serving_switch
 
     upgrade(sqlite_url)
     dead = f"http://127.0.0.1:{free_port()}"
     settings = _use_env(monkeypatch, _env(tmp_path, sqlite_url, dead))
-    factory = serving.db_factory(settings)
+    factory = serving_switch.db_factory(settings)
     pid = make_project(factory, {**TRAINING, "num_minibatches": 1, "aggregation": "seq-mean"})
     ids = record(factory, engine_url, pid, "What is 2+2?", [1.0, 0.0, -1.0])
     ids += record(factory, engine_url, pid, "Say hi.", [0.3])
@@ -286,7 +286,7 @@ def test_engine_refusal_leaves_run_trained_not_published_then_retry(
         assert state["task-a"]["mean"] == pytest.approx(0.3)
     # the engine is back: the retry publishes
     settings = _use_env(monkeypatch, _env(tmp_path, sqlite_url, engine_url))
-    assert serving.retry_publish(settings, factory) == [pv.id]
+    assert serving_switch.retry_publish(settings, factory) == [pv.id]
     with factory() as db:
         assert db.get(PolicyVersionRow, pv.id).status == "serving"
         assert db.get(TrainingRunRow, result["run_id"]).status == "published"

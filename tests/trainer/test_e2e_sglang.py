@@ -98,7 +98,7 @@ def test_sglang_record_rate_train_publish_rollback(
 ) -> None:  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
-    from trainer import serving
+    from trainer import serving_switch
 
     upgrade(pg_url)
     factory = session_factory(make_engine(pg_url))
@@ -197,7 +197,7 @@ def test_sglang_record_rate_train_publish_rollback(
                 calls.append(_served(c, gw.url, key, "Count to three."))
                 assert {v for v, _ in calls} == {v2}, calls
                 assert set(_versions_of(factory, [i for _, i in calls]).values()) == {v2}
-                out = serving.serve_version(pid, 1, settings=settings, factory=factory)
+                out = serving_switch.serve_version(pid, 1, settings=settings, factory=factory)
                 assert out == {"name": v1, "previous": v2, "changed": True}
                 calls = [_served(c, stale.url, key, f"Again {i}.") for i in range(2)]
                 calls.append(_served(c, gw.url, key, "Bye."))

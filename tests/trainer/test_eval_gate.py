@@ -23,7 +23,7 @@ from schemas.coltypes import utcnow
 from schemas.tables import AuditEventRow, PolicyVersionRow, ProjectRow, TrainingRunRow
 from tests.servers import engine_cmd, free_port, running
 from tests.trainer.helpers import MODEL_DIR, _tokenizer, render
-from trainer import publish, runner, runs, serving
+from trainer import publish, runner, runs, serving_switch
 from trainer.verifiers import VERIFIERS
 
 pytestmark = pytest.mark.slow  # loads the real model
@@ -198,7 +198,7 @@ def test_worse_candidate_is_rejected(
 ) -> None:  # type: ignore[no-untyped-def]
     ids = _setup(migrated_db, engine_url, adapters, "zero", "seeded", _gate(gate_prompts))
     try:
-        assert serving.publish_version(migrated_db, settings, f"pv_{ids['pid']}_2") is False
+        assert serving_switch.publish_version(migrated_db, settings, f"pv_{ids['pid']}_2") is False
         v1, v2, run, metrics = _state(migrated_db, ids)
         assert (v1, v2) == ("serving", "rejected")
         assert metrics["eval_new"] == -1.0 and metrics["eval_serving"] == 1.0
@@ -222,7 +222,7 @@ def test_better_candidate_is_served(
 ) -> None:  # type: ignore[no-untyped-def]
     ids = _setup(migrated_db, engine_url, adapters, "seeded", "zero", _gate(gate_prompts))
     try:
-        assert serving.publish_version(migrated_db, settings, f"pv_{ids['pid']}_2") is True
+        assert serving_switch.publish_version(migrated_db, settings, f"pv_{ids['pid']}_2") is True
         v1, v2, run, metrics = _state(migrated_db, ids)
         assert (v1, v2) == ("retired", "serving")
         assert metrics["eval_new"] == 1.0 and metrics["eval_serving"] == -1.0
@@ -261,7 +261,7 @@ def test_broken_verifier_fails_closed(
     # the zero adapter is the better one: only the broken verifier keeps it out
     ids = _setup(migrated_db, engine_url, adapters, "seeded", "zero", _gate(prompts, verifier))
     try:
-        assert serving.publish_version(migrated_db, settings, f"pv_{ids['pid']}_2") is False
+        assert serving_switch.publish_version(migrated_db, settings, f"pv_{ids['pid']}_2") is False
         v1, v2, run, metrics = _state(migrated_db, ids)
         assert (v1, v2) == ("serving", "rejected")
         assert reason in metrics["eval_error"] and "eval_new" not in metrics
@@ -285,7 +285,7 @@ def test_stored_module_name_runs_nothing(
     }
     ids = _setup(migrated_db, engine_url, adapters, "seeded", "zero", gate)
     try:
-        assert serving.publish_version(migrated_db, settings, f"pv_{ids['pid']}_2") is False
+        assert serving_switch.publish_version(migrated_db, settings, f"pv_{ids['pid']}_2") is False
         v1, v2, run, metrics = _state(migrated_db, ids)
         assert (v1, v2) == ("serving", "rejected")
         assert "eval_gate settings invalid" in metrics["eval_error"]

@@ -84,7 +84,7 @@ def test_guard_rollback_shows_as_banner_run_event_and_charts(migrated_db) -> Non
 
     with factory() as db:
         ov = queries.overview(db, [pid])
-        page = queries.runs(db, [pid])
+        page = queries.runs(db, [pid], {})
         run = queries.run_detail(db, [pid], "run_guarded")
     (card,) = ov["projects"]
     assert card["guard"]["reason"] == "guard:reward"

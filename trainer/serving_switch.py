@@ -1,6 +1,7 @@
-"""Versions in service: publish a trained candidate, retry, re-serve (rollback/promote),
-list. ``publish_version`` rejects a candidate whose parent was rolled back meanwhile (it
-was trained from a version a guard or an operator took out of service)."""
+"""Switching the version a project serves: publish a trained candidate (gated), retry,
+re-serve (rollback/promote), list. ``publish_version`` rejects a candidate whose parent
+was rolled back meanwhile (it was trained from a version a guard or an operator took out
+of service)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import logging
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.db import make_engine, session_factory, transaction
 from core.keys import audit
+from core.serving_version import serving_version, serving_versions
 from core.settings import Settings, get_settings
 from schemas.atdp import PolicyStatus, RunStatus
 from schemas.tables import PolicyVersionRow, ProjectRow, TrainingRunRow
@@ -38,17 +40,6 @@ def project_config(db: Session, project_id: str) -> tuple[ProjectRow, TrainConfi
     return project, TrainConfig.from_project_settings(project.settings)
 
 
-def serving_row(db: Session, project_id: str) -> PolicyVersionRow | None:
-    return db.scalars(
-        select(PolicyVersionRow)
-        .where(
-            PolicyVersionRow.project_id == project_id,
-            PolicyVersionRow.status == PolicyStatus.serving,
-        )
-        .order_by(PolicyVersionRow.version.desc())
-    ).first()
-
-
 def publish_version(
     factory: sessionmaker[Session], settings: Settings, version_id: str, actor: str = "system"
 ) -> bool:
@@ -63,7 +54,7 @@ def publish_version(
         project_settings = dict(project.settings or {}) if project is not None else {}
         training = project_settings.get("training")
         gate = training.get("eval_gate") if isinstance(training, dict) else None
-        serving = serving_row(db, pv.project_id)
+        serving = serving_version(db, pv.project_id)
         serving_name = serving.name if serving else None
         project_id, name, path, run_id = pv.project_id, pv.name, pv.path, pv.created_by_run_id
         parent = db.scalars(
@@ -182,14 +173,7 @@ def retry_publish(
             )
             .order_by(PolicyVersionRow.version.desc())
         ).all()
-        serving = {
-            pid: v
-            for pid, v in db.execute(
-                select(PolicyVersionRow.project_id, func.max(PolicyVersionRow.version))
-                .where(PolicyVersionRow.status == PolicyStatus.serving)
-                .group_by(PolicyVersionRow.project_id)
-            ).all()
-        }
+        serving = {pid: row.version for pid, row in serving_versions(db).items()}
     done, seen = [], set()
     for vid, pid, version in rows:
         if pid in seen or version <= serving.get(pid, 0):

@@ -1,45 +1,16 @@
-"""Which adapter serves a project (``ServingPolicy``, cached briefly; on PostgreSQL a
-switch drops the cached pointer at once, core/serving_events.py) and which adapters
-requests in flight hold (``Leases``: an old version is unloaded only when none does)."""
+"""The gateway's cached pointer to the adapter that serves each project (``ServingPolicy``):
+read from the database (core/serving_version.py) at most every ``ttl_s``; on PostgreSQL a
+switch drops the cached pointer at once (core/serving_events.py)."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections import defaultdict
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.db import DB_DOWN, STALE_IF_DOWN_S
+from core.serving_version import serving_version
 from gateway.errors import db_down_error
-from schemas.atdp import PolicyStatus
-from schemas.tables import PolicyVersionRow
-
-
-class Leases:
-    """Requests in flight per adapter name; an unload of a version waits for zero."""
-
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = defaultdict(int)
-        self._cond = asyncio.Condition()
-
-    async def acquire(self, name: str) -> None:
-        async with self._cond:
-            self.counts[name] += 1
-
-    async def release(self, name: str) -> None:
-        async with self._cond:
-            self.counts[name] -= 1
-            if self.counts[name] <= 0:
-                del self.counts[name]
-            self._cond.notify_all()
-
-    async def wait_released(self, name: str, timeout: float = 600.0) -> None:
-        async with self._cond:
-            await asyncio.wait_for(
-                self._cond.wait_for(lambda: self.counts.get(name, 0) == 0), timeout
-            )
 
 
 class ServingPolicy:
@@ -75,15 +46,8 @@ class ServingPolicy:
             return hit[1]
         try:
             with self.factory() as db:
-                name = db.scalars(
-                    select(PolicyVersionRow.name)
-                    .where(
-                        PolicyVersionRow.project_id == project_id,
-                        PolicyVersionRow.status == PolicyStatus.serving,
-                    )
-                    .order_by(PolicyVersionRow.version.desc())
-                    .limit(1)
-                ).first()
+                row = serving_version(db, project_id)
+                name = row.name if row is not None else None
         except DB_DOWN:  # keep serving the version last read while the database is down
             if hit and now - hit[0] < STALE_IF_DOWN_S:
                 return hit[1]

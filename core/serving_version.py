@@ -1,0 +1,66 @@
+"""Which policy version serves a project: the one place that asks the database.
+
+A project's serving version is its ``policy_versions`` row with status ``serving`` (the
+highest version number, should a switch ever have left two). The gateway (its cached
+pointer, the adapter sync, the dashboard and actions) and the trainer (publish, guards,
+sample selection, rollback) read it through these functions; only the switch itself
+(trainer/publish.py ``switch_serving``) writes it, with :func:`serving_in`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from schemas.atdp import PolicyStatus
+from schemas.tables import PolicyVersionRow
+
+# versions no engine should hold: replaced (retired) or refused by the eval gate (rejected)
+OUT_OF_SERVICE = (PolicyStatus.retired, PolicyStatus.rejected)
+
+
+def serving_in(project_id: str) -> tuple[Any, ...]:
+    """SQL: the row serves ``project_id`` (for a select, or the switch's update)."""
+    return (
+        PolicyVersionRow.project_id == project_id,
+        PolicyVersionRow.status == PolicyStatus.serving,
+    )
+
+
+def serving_version(db: Session, project_id: str) -> PolicyVersionRow | None:
+    """The project's serving version, or None while the base model serves it."""
+    return db.scalars(
+        select(PolicyVersionRow)
+        .where(*serving_in(project_id))
+        .order_by(PolicyVersionRow.version.desc())
+        .limit(1)
+    ).first()
+
+
+def serving_versions(db: Session) -> dict[str, PolicyVersionRow]:
+    """Every project that serves a version: project id -> its serving version."""
+    out: dict[str, PolicyVersionRow] = {}
+    rows = db.scalars(
+        select(PolicyVersionRow)
+        .where(PolicyVersionRow.status == PolicyStatus.serving)
+        .order_by(PolicyVersionRow.version)
+    )
+    for row in rows:  # ascending: the highest version of a project is kept
+        out[row.project_id] = row
+    return out
+
+
+def adapters_in_service(db: Session) -> tuple[dict[str, str], set[str]]:
+    """Across projects: (serving adapter name -> its stored path, the names of versions
+    out of service), what every engine should and should not hold."""
+    serving: dict[str, str] = {}
+    out: set[str] = set()
+    rows = db.execute(select(PolicyVersionRow.name, PolicyVersionRow.path, PolicyVersionRow.status))
+    for name, path, status in rows:
+        if status == PolicyStatus.serving:
+            serving[name] = path
+        elif status in OUT_OF_SERVICE:
+            out.add(name)
+    return serving, out

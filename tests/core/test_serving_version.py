@@ -1,0 +1,62 @@
+"""core/serving_version.py: the one query for which version serves a project, on both
+databases (the gateway's cached pointer, the adapter sync, the dashboard, the guards,
+sample selection and publishing all read it through these functions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.db import transaction
+from core.serving_version import adapters_in_service, serving_version, serving_versions
+from schemas.atdp import PolicyStatus
+from schemas.convert import to_row
+from schemas.tables import ProjectRow
+from tests.rows import policy_version
+
+
+def _seed(factory: Any) -> None:
+    with transaction(factory) as db:
+        for pid in ("a", "b", "c"):
+            db.add(ProjectRow(id=pid, name=pid))
+        db.flush()
+        versions = [
+            ("a", 1, PolicyStatus.retired),
+            ("a", 2, PolicyStatus.serving),
+            ("a", 3, PolicyStatus.candidate),
+            ("a", 4, PolicyStatus.rejected),
+            # two serving rows (a switch that never finished): the highest one counts
+            ("b", 1, PolicyStatus.serving),
+            ("b", 2, PolicyStatus.serving),
+            # c serves the base model: only a candidate
+            ("c", 1, PolicyStatus.candidate),
+        ]
+        db.add_all([to_row(policy_version(*v)) for v in versions])
+
+
+def test_serving_version_of_one_project(migrated_db: Any) -> None:
+    _seed(migrated_db)
+    with migrated_db() as db:
+        a, b = serving_version(db, "a"), serving_version(db, "b")
+        assert a is not None and (a.name, a.version) == ("a-policy-v2", 2)
+        assert b is not None and b.version == 2
+        assert serving_version(db, "c") is None
+        assert serving_version(db, "no-such-project") is None
+
+
+def test_serving_versions_of_every_project(migrated_db: Any) -> None:
+    _seed(migrated_db)
+    with migrated_db() as db:
+        got = {pid: row.version for pid, row in serving_versions(db).items()}
+    assert got == {"a": 2, "b": 2}
+
+
+def test_adapters_in_service(migrated_db: Any) -> None:
+    _seed(migrated_db)
+    with migrated_db() as db:
+        serving, out = adapters_in_service(db)
+    assert serving == {
+        "a-policy-v2": "/adapters/a-policy-v2",
+        "b-policy-v1": "/adapters/b-policy-v1",
+        "b-policy-v2": "/adapters/b-policy-v2",
+    }
+    assert out == {"a-policy-v1", "a-policy-v4"}  # retired and rejected; never a candidate
