@@ -33,12 +33,12 @@ from gateway.errors import db_down_error, error_response
 from gateway.limits import BodyLimitMiddleware
 from gateway.metrics import Metrics
 from gateway.parsing import TOOL_PARSERS
+from gateway.pipeline import Pipeline
 from gateway.ratelimit import RateLimitMiddleware
 from gateway.recorder import Recorder
 from gateway.redaction import RedactionPolicy
 from gateway.render_pool import RenderPool
-from gateway.routing import gw_of
-from gateway.service import Pipeline
+from gateway.request_context import gw_of
 from gateway.serving import ServingPolicy
 from gateway.sessions import SessionStore
 from gateway.state import Gateway

@@ -30,7 +30,7 @@ from gateway.admin.params import (
     session_filters,
 )
 from gateway.admin_actions import ActionError
-from gateway.routing import gw_of, read_json
+from gateway.request_context import gw_of, read_json
 
 router = APIRouter(include_in_schema=False)
 
@@ -52,7 +52,7 @@ def action_errors(route: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
-    """The JSON object sent, checked as the client APIs' bodies are (gateway.routing
+    """The JSON object sent, checked as the client APIs' bodies are (gateway.request_context
     ``read_json``: a 400 for nesting past the limit, a NUL or a lone surrogate)."""
     raw = await request.body()
     if not raw.strip():

@@ -20,10 +20,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from core.errors import APIError
 from gateway.auth import Principal, require_model_key
 from gateway.errors import bad_request
+from gateway.pipeline import Prepared, StreamEvent, open_stream, replay
 from gateway.request import Completion, GenerationRequest, Message, Sampling, Tool
+from gateway.request_context import gw_of, headers_for, principal, read_json
 from gateway.retries import client_attempt
-from gateway.routing import gw_of, headers_for, principal, read_json
-from gateway.service import Prepared, StreamEvent, open_stream, replay
 from gateway.state import Gateway
 
 __all__ = ["require_model_key"]

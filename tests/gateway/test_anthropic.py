@@ -21,8 +21,8 @@ from gateway.api.anthropic_messages import translator as am
 from gateway.api.anthropic_messages.stream import MessagesStream
 from gateway.api.base import write_stream
 from gateway.auth import Principal
+from gateway.pipeline import Prepared, StreamEvent
 from gateway.request import Completion, ToolCallOut
-from gateway.service import Prepared, StreamEvent
 from gateway.sessions import SessionContext
 from tests.gateway.helpers import counts, run_in_fresh_loop, wait_recorded
 

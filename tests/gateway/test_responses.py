@@ -16,8 +16,8 @@ from gateway.api.base import write_stream
 from gateway.api.openai_responses import translator as oresp
 from gateway.api.openai_responses.stream import ResponsesStream
 from gateway.auth import Principal
+from gateway.pipeline import Prepared, StreamEvent
 from gateway.request import Completion, ToolCallOut
-from gateway.service import Prepared, StreamEvent
 from gateway.sessions import SessionContext
 from tests.gateway.helpers import counts, run_in_fresh_loop, wait_recorded
 

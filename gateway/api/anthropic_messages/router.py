@@ -16,7 +16,7 @@ from fastapi.responses import Response
 from gateway.api.anthropic_messages import translator
 from gateway.api.anthropic_messages.stream import MessagesStream
 from gateway.api.base import open_call, require_model_key, respond
-from gateway.routing import gw_of, principal, read_json
+from gateway.request_context import gw_of, principal, read_json
 
 router = APIRouter()
 

@@ -37,8 +37,8 @@ from gateway.api.anthropic_messages.protocol import (
     usage_json,
 )
 from gateway.errors import bad_request
+from gateway.pipeline import Prepared
 from gateway.request import Completion, GenerationRequest, Message, Sampling, Tool, ToolCallOut
-from gateway.service import Prepared
 from gateway.structured import anthropic_format
 
 PROTOCOL = "anthropic-messages"

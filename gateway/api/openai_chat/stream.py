@@ -9,8 +9,8 @@ from core.errors import APIError
 from gateway.api.base import sse_data, token_ids
 from gateway.api.openai_chat.protocol import chunk_choice, tool_call_json, usage_json
 from gateway.api.openai_chat.translator import logprobs_content
+from gateway.pipeline import Prepared, StreamEvent
 from gateway.request import Completion
-from gateway.service import Prepared, StreamEvent
 
 
 class ChatStream:

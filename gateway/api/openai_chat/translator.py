@@ -18,6 +18,7 @@ from gateway.api.openai_chat.protocol import (
     usage_json,
 )
 from gateway.errors import bad_request
+from gateway.pipeline import Prepared
 from gateway.request import (
     Completion,
     GenerationRequest,
@@ -26,7 +27,6 @@ from gateway.request import (
     Tool,
     ToolCallOut,
 )
-from gateway.service import Prepared
 from gateway.structured import openai_format
 from gateway.templating import check_template_kwargs
 

@@ -15,7 +15,7 @@ from gateway.api.base import open_call, respond
 from gateway.api.openai_completions import translator
 from gateway.api.openai_completions.stream import CompletionStream
 from gateway.errors import bad_request
-from gateway.routing import headers_for
+from gateway.request_context import headers_for
 
 router = APIRouter()
 

@@ -10,8 +10,8 @@ from gateway.api.base import sse_data, token_ids
 from gateway.api.openai_chat.protocol import usage_json
 from gateway.api.openai_completions.protocol import choice_json
 from gateway.api.openai_completions.translator import echoed, logprobs_json
+from gateway.pipeline import Prepared, StreamEvent
 from gateway.request import Completion
-from gateway.service import Prepared, StreamEvent
 
 
 class CompletionStream:

@@ -15,8 +15,8 @@ from gateway.api.openai_completions.protocol import (
     choice_json,
 )
 from gateway.errors import bad_request
+from gateway.pipeline import Prepared
 from gateway.request import Completion, GenerationRequest, Message, Sampling
-from gateway.service import Prepared
 
 PROTOCOL = "openai-completions"
 ID_PREFIX = "cmpl-"

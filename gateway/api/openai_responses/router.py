@@ -19,7 +19,7 @@ from gateway.api.openai_responses.stream import ResponsesStream
 from gateway.auth import require_kind
 from gateway.generation import output_json
 from gateway.request import Completion, Message
-from gateway.routing import gw_of, principal
+from gateway.request_context import gw_of, principal
 from gateway.waits import locate
 from schemas.tables import InteractionRow
 

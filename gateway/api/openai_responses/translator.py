@@ -29,8 +29,8 @@ from gateway.api.openai_responses.protocol import (
     response_json,
 )
 from gateway.errors import bad_request
+from gateway.pipeline import Prepared
 from gateway.request import Completion, GenerationRequest, Message, Sampling, Tool, ToolCallOut
-from gateway.service import Prepared
 from gateway.structured import openai_format
 
 PROTOCOL = "openai-responses"
