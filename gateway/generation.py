@@ -15,6 +15,7 @@ from typing import Any
 from core import engine_protocol as proto
 from core.errors import APIError
 from gateway.auth import Principal
+from gateway.output_limit import OutputLimit
 from gateway.parsing import parse_output
 from gateway.request import Completion, GenerationRequest, Message, ToolCallOut
 from gateway.sessions import SessionContext, conversation_hash
@@ -28,7 +29,7 @@ class Prepared:
     session: SessionContext
     prompt_ids: list[int]
     adapter: str | None
-    max_tokens: int
+    limit: OutputLimit  # the engine's max_new_tokens and what set it (output_limit.py)
     interaction_id: str
     started: float = field(default_factory=time.monotonic)
     ttft_ms: float | None = None
@@ -64,7 +65,7 @@ def engine_payload(prep: Prepared, index: int, stream: bool) -> dict[str, Any]:
     forced turn has no text answer to shape)."""
     s = prep.req.sampling
     sampling = proto.Sampling(
-        max_new_tokens=prep.max_tokens,
+        max_new_tokens=prep.limit.tokens,
         temperature=s.temperature,
         top_p=s.top_p,
         top_k=s.top_k,

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.orm import Session, sessionmaker
+
 from core.settings import Settings
 from gateway.adapter_sync import AdapterSync
 from gateway.auth import Authenticator
@@ -22,7 +24,7 @@ from gateway.recorder import Recorder
 @dataclass
 class Gateway:
     settings: Settings
-    factory: Any
+    factory: sessionmaker[Session]
     auth: Authenticator
     pipeline: Pipeline
     recorder: Recorder

@@ -67,13 +67,10 @@ class _Blocks:
 class MessagesStream:
     """A ``base.StreamWriter`` for ``POST /v1/messages`` with ``stream: true``."""
 
-    def __init__(
-        self, prep: Prepared, tokenizer: Any, model: str, context_length: int | None
-    ) -> None:
+    def __init__(self, prep: Prepared, tokenizer: Any, model: str) -> None:
         self.prep = prep
         self.tokenizer = tokenizer
         self.model = model
-        self.context_length = context_length
         self.blocks = _Blocks()
         self.last_ping = time.monotonic()
 
@@ -110,7 +107,7 @@ class MessagesStream:
 
     def end(self, finished: list[Completion]) -> list[bytes]:
         (c,) = finished
-        reason, seq = stop_info(self.prep, c, self.tokenizer, self.context_length)
+        reason, seq = stop_info(self.prep, c, self.tokenizer)
         delta = {"stop_reason": reason, "stop_sequence": seq}
         return [
             _event(

@@ -29,8 +29,9 @@ from gateway.request import (
 )
 from gateway.structured import openai_format
 from gateway.templating import check_template_kwargs
+from schemas.atdp import ClientProtocol
 
-PROTOCOL = "openai-chat"
+PROTOCOL = ClientProtocol.openai_chat
 ID_PREFIX = "chatcmpl-"
 _TEXT_PARTS = ("text", "input_text", "output_text")
 _MEDIA_PARTS = ("image_url", "input_image", "image", "input_audio", "file")

@@ -17,8 +17,9 @@ from gateway.api.openai_completions.protocol import (
 from gateway.errors import bad_request
 from gateway.pipeline import Prepared
 from gateway.request import Completion, GenerationRequest, Message, Sampling
+from schemas.atdp import ClientProtocol
 
-PROTOCOL = "openai-completions"
+PROTOCOL = ClientProtocol.openai_completions
 ID_PREFIX = "cmpl-"
 IGNORED = {"store", "service_tier", "prompt_cache_key", "safety_identifier"}
 PROMPT_FORMS = "a string, a list of strings, a list of token ids, or a list of token-id lists"

@@ -32,8 +32,9 @@ from gateway.errors import bad_request
 from gateway.pipeline import Prepared
 from gateway.request import Completion, GenerationRequest, Message, Sampling, Tool, ToolCallOut
 from gateway.structured import openai_format
+from schemas.atdp import ClientProtocol
 
-PROTOCOL = "openai-responses"
+PROTOCOL = ClientProtocol.openai_responses
 ID_PREFIX = "resp_"
 
 
