@@ -6,8 +6,9 @@ and ``display.py`` reads a stored request with the translator of the API that to
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from fastapi import APIRouter
@@ -35,6 +36,21 @@ class ApiSpec:
     def paths(self) -> tuple[str, ...]:
         """The paths its router answers (a request under one gets its error format)."""
         return tuple(dict.fromkeys(r.path.split("{", 1)[0].rstrip("/") for r in self.router.routes))
+
+    @classmethod
+    def of(
+        cls, translator: ModuleType, router: APIRouter, model_paths: Iterable[str], **more: Any
+    ) -> ApiSpec:
+        """An API's spec from its translator module (its ``PROTOCOL``, ``ID_PREFIX`` and
+        ``display_messages``), its router and the paths of its model calls."""
+        return cls(
+            protocol=translator.PROTOCOL,
+            id_prefix=translator.ID_PREFIX,
+            router=router,
+            model_paths=frozenset(model_paths),
+            display=translator.display_messages,
+            **more,
+        )
 
     def took(self, interaction_id: str) -> bool:
         return interaction_id.startswith(self.id_prefix)

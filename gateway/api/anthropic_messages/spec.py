@@ -6,12 +6,10 @@ from gateway.api.anthropic_messages.protocol import ERRORS
 from gateway.api.anthropic_messages.router import router
 from gateway.api.spec import ApiSpec
 
-API = ApiSpec(
-    protocol=translator.PROTOCOL,
-    id_prefix=translator.ID_PREFIX,
-    router=router,
-    model_paths=frozenset({"/v1/messages", "/messages"}),
-    display=translator.display_messages,
+API = ApiSpec.of(
+    translator,
+    router,
+    {"/v1/messages", "/messages"},
     errors=ERRORS,
     error_header="anthropic-version",
     shaped=lambda request: "system" in request,

@@ -65,7 +65,7 @@ class _Blocks:
 
 
 class MessagesStream:
-    """A ``base.StreamWriter`` for ``POST /v1/messages`` with ``stream: true``."""
+    """A ``handler.StreamWriter`` for ``POST /v1/messages`` with ``stream: true``."""
 
     def __init__(self, prep: Prepared, tokenizer: Any, model: str) -> None:
         self.prep = prep

@@ -4,10 +4,4 @@ from gateway.api.openai_chat import translator
 from gateway.api.openai_chat.router import router
 from gateway.api.spec import ApiSpec
 
-API = ApiSpec(
-    protocol=translator.PROTOCOL,
-    id_prefix=translator.ID_PREFIX,
-    router=router,
-    model_paths=frozenset({"/v1/chat/completions", "/chat/completions"}),
-    display=translator.display_messages,
-)
+API = ApiSpec.of(translator, router, {"/v1/chat/completions", "/chat/completions"})

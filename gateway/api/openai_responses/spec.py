@@ -4,11 +4,9 @@ from gateway.api.openai_responses import translator
 from gateway.api.openai_responses.router import router
 from gateway.api.spec import ApiSpec
 
-API = ApiSpec(
-    protocol=translator.PROTOCOL,
-    id_prefix=translator.ID_PREFIX,
-    router=router,
-    model_paths=frozenset({"/v1/responses", "/responses"}),
-    display=translator.display_messages,
+API = ApiSpec.of(
+    translator,
+    router,
+    {"/v1/responses", "/responses"},
     shaped=lambda request: "input" in request or "instructions" in request,
 )

@@ -111,7 +111,7 @@ class _Items:
 
 
 class ResponsesStream:
-    """A ``base.StreamWriter`` for ``POST /v1/responses`` with ``stream: true``."""
+    """A ``handler.StreamWriter`` for ``POST /v1/responses`` with ``stream: true``."""
 
     def __init__(self, prep: Prepared, model: str) -> None:
         self.prep = prep
