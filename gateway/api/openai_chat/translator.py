@@ -160,6 +160,7 @@ def _sampling(req: ChatRequest, json_schema: str | None) -> Sampling:
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=req.top_k or -1,
+        min_p=req.min_p or 0.0,
         max_tokens=req.max_completion_tokens or req.max_tokens,
         stop=stop,
         seed=req.seed,

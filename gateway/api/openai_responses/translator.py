@@ -192,6 +192,7 @@ def to_internal(
     sampling = Sampling(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
+        min_p=req.min_p or 0.0,
         max_tokens=req.max_output_tokens,
         json_schema=openai_format((req.text or {}).get("format"), "text.format", nested=False),
         frequency_penalty=req.frequency_penalty or 0.0,
