@@ -31,9 +31,7 @@ def test_each_api_has_its_protocol_prefix_and_model_routes() -> None:
     prefixes = [a.id_prefix for a in APIS]
     assert len(set(prefixes)) == len(prefixes)
     for api in APIS:
-        posts = {
-            r.path for r in api.router.routes if isinstance(r, Route) and "POST" in r.methods
-        }
+        posts = {r.path for r in api.router.routes if isinstance(r, Route) and "POST" in r.methods}
         assert api.model_paths and api.model_paths <= posts, api.protocol
 
 
