@@ -68,6 +68,7 @@ class Sampling:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0  # sent only when not 0
     stop: list[str] | None = None
     seed: int | None = None
     json_schema: str | None = None
@@ -94,7 +95,7 @@ class Sampling:
             out["json_schema"] = self.json_schema
         if self.structural_tag is not None:
             out["structural_tag"] = self.structural_tag
-        for name in ("frequency_penalty", "presence_penalty"):
+        for name in ("min_p", "frequency_penalty", "presence_penalty"):
             if getattr(self, name):
                 out[name] = getattr(self, name)
         return out

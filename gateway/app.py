@@ -11,13 +11,13 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core import serving_events
 from core.db import DB_DOWN, check_connection, make_engine, session_factory
@@ -26,6 +26,7 @@ from core.migrate import current
 from core.settings import ConfigError, Settings, get_settings
 from gateway import exposure
 from gateway.adapter_sync import AdapterSync
+from gateway.api.registry import APIS
 from gateway.auth import Authenticator
 from gateway.body_limit import BodyLimitMiddleware
 from gateway.boundary import UrlCheckMiddleware
@@ -33,12 +34,12 @@ from gateway.engine_client import EngineClient
 from gateway.errors import db_down_error, error_response
 from gateway.metrics import Metrics
 from gateway.parsing import TOOL_PARSERS
+from gateway.pipeline import Pipeline
 from gateway.ratelimit import RateLimitMiddleware
 from gateway.recorder import Recorder
 from gateway.redaction import RedactionPolicy
 from gateway.render_pool import RenderPool
-from gateway.routing import gw_of
-from gateway.service import Pipeline
+from gateway.request_context import gw_of
 from gateway.serving_cache import ServingPolicy
 from gateway.sessions import SessionStore
 from gateway.state import Gateway
@@ -210,18 +211,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     from gateway.admin import api as admin_api
     from gateway.admin import pages as admin_pages
     from gateway.api import models
-    from gateway.api.anthropic_messages import router as anthropic_messages
-    from gateway.api.openai_chat import router as openai_chat
-    from gateway.api.openai_completions import router as openai_completions
-    from gateway.api.openai_responses import router as openai_responses
 
+    for api in APIS:
+        app.include_router(api.router)
     for mod in (
-        openai_chat,
-        openai_completions,
         models,
         session_routes,
-        anthropic_messages,
-        openai_responses,
         feedback_routes,
         areal_routes,
         admin_pages,
@@ -232,6 +227,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    """Errors in the calling API's format: the registered APIs (``app.state.apis``, which
+    gateway/errors.py and the rate limiter's model paths read) and the handlers."""
+    app.state.apis = APIS
+
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
         return error_response(request, exc)
@@ -262,17 +261,17 @@ class MetricsMiddleware:
     """Counts requests and latency per route. Pure ASGI (no BaseHTTPMiddleware), so
     streaming responses keep noticing client disconnects."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         started = time.monotonic()
         status = {"code": 500}
 
-        async def send_wrapper(message: dict) -> None:
+        async def send_wrapper(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
             await send(message)

@@ -15,15 +15,16 @@ Both in the caller's error format (gateway.errors).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 from urllib.parse import parse_qsl
+
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from core.errors import APIError
 from gateway.errors import send_error
 from gateway.storable import bad_char, unstorable
 
 
-def url_error(scope: dict[str, Any]) -> APIError | None:
+def url_error(scope: Scope) -> APIError | None:
     """The answer for a path or query string that holds an unstorable character."""
     if unstorable(scope.get("path", "")):
         return APIError(
@@ -49,10 +50,10 @@ def pairs_error(pairs: Iterable[tuple[str, str]], what: str) -> APIError | None:
 
 
 class UrlCheckMiddleware:
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         err = url_error(scope) if scope["type"] == "http" else None
         if err is None:
             await self.app(scope, receive, send)

@@ -1,16 +1,23 @@
-"""Client-facing errors (core.errors.APIError), rendered in the calling API's own error format."""
+"""Client-facing errors (core.errors.APIError), rendered in the calling API's own error
+format: the format an API registers (gateway/api/spec.py), else the gateway's own
+(OpenAI's)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers
+from starlette.types import Scope, Send
 
 from core.errors import APIError
 
-# OpenAI error `type` for each status; Anthropic uses its own names.
+# The gateway's own error format (OpenAI's; the APIs register theirs, gateway/api/spec.py):
+# the error `type` for each status.
 _OPENAI_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -24,46 +31,64 @@ _OPENAI_TYPES = {
     503: "service_unavailable",
     504: "timeout_error",
 }
-_ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    409: "invalid_request_error",
-    413: "request_too_large",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "api_error",
-    503: "overloaded_error",
-    504: "api_error",
-}
+
+
+@dataclass(frozen=True)
+class ErrorFormat:
+    """An error body's shape (``shape(type, err)``) and its ``type`` for each status."""
+
+    types: Mapping[int, str]
+    fallback: str  # the type of a status ``types`` does not list
+    shape: Callable[[str, APIError], dict[str, Any]]
+
+    def body(self, err: APIError) -> dict[str, Any]:
+        return self.shape(self.types.get(err.status, self.fallback), err)
+
+
+def _openai_shape(kind: str, err: APIError) -> dict[str, Any]:
+    return {"error": {"message": err.message, "type": kind, "param": err.param, "code": err.code}}
+
+
+OPENAI = ErrorFormat(_OPENAI_TYPES, "invalid_request_error", _openai_shape)
+
+
+class ErrorOwner(Protocol):
+    """What an API registers about its errors (gateway/api/spec.py ``ApiSpec``)."""
+
+    @property
+    def paths(self) -> tuple[str, ...]: ...
+
+    @property
+    def errors(self) -> ErrorFormat | None: ...
+
+    @property
+    def error_header(self) -> str | None: ...
 
 
 def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param)
 
 
-def error_style(request: Request) -> str:
-    path = request.url.path
-    if path.startswith("/v1/messages") or path.startswith("/messages"):
-        return "anthropic"
-    if "anthropic-version" in request.headers:
-        return "anthropic"
-    return "openai"
+def error_format(scope: Scope) -> ErrorFormat:
+    """The error format of the API a request is for: a registered API (``app.state.apis``,
+    set by gateway/app.py) with its own format whose paths the request is under or whose
+    header it carries (Anthropic's ``anthropic-version``); the gateway's own otherwise."""
+    app = scope.get("app")
+    apis: tuple[ErrorOwner, ...] = getattr(getattr(app, "state", None), "apis", ())
+    path = scope.get("path", "")
+    headers = Headers(scope=scope)
+    for api in apis:
+        if api.errors is not None and (
+            path.startswith(api.paths) or (api.error_header and api.error_header in headers)
+        ):
+            return api.errors
+    return OPENAI
 
 
-def error_body(style: str, err: APIError) -> dict[str, Any]:
-    if style == "anthropic":
-        kind = _ANTHROPIC_TYPES.get(err.status, "api_error")
-        return {"type": "error", "error": {"type": kind, "message": err.message}}
-    kind = _OPENAI_TYPES.get(err.status, "invalid_request_error")
-    return {"error": {"message": err.message, "type": kind, "param": err.param, "code": err.code}}
-
-
-async def send_error(scope: dict[str, Any], send: Any, err: APIError, close: bool = False) -> None:
+async def send_error(scope: Scope, send: Send, err: APIError, close: bool = False) -> None:
     """Answer ``err`` from pure ASGI middleware, in the caller's error format
     (``close``: ask the client to close the connection)."""
-    body = json.dumps(error_body(error_style(Request(scope)), err)).encode()
+    body = json.dumps(error_format(scope).body(err)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
     if close:
@@ -73,9 +98,8 @@ async def send_error(scope: dict[str, Any], send: Any, err: APIError, close: boo
 
 
 def error_response(request: Request, err: APIError) -> JSONResponse:
-    return JSONResponse(
-        error_body(error_style(request), err), status_code=err.status, headers=err.headers
-    )
+    body = error_format(request.scope).body(err)
+    return JSONResponse(body, status_code=err.status, headers=err.headers)
 
 
 def db_down_error() -> APIError:

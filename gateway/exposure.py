@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from core.errors import APIError
 from gateway.auth import presented_secret
-from gateway.routing import gw_of
+from gateway.request_context import gw_of
 
 PUBLIC_HEALTH_FIELDS = ("status",)
 

@@ -17,7 +17,7 @@ from core.feedback import feedback_json, find_interaction
 from gateway.auth import require_kind
 from gateway.errors import bad_request
 from gateway.feedback import parse_feedback, scope_of, submit_feedback
-from gateway.routing import gw_of, principal, read_json
+from gateway.request_context import gw_of, principal, read_json
 from gateway.waits import locate, until_committed
 from schemas.convert import to_record
 from schemas.tables import FeedbackRow, InteractionRow, SessionRow

@@ -15,6 +15,7 @@ from typing import Any
 from core import engine_protocol as proto
 from core.errors import APIError
 from gateway.auth import Principal
+from gateway.output_limit import OutputLimit
 from gateway.parsing import parse_output
 from gateway.request import Completion, GenerationRequest, Message, ToolCallOut
 from gateway.sessions import SessionContext, conversation_hash
@@ -28,7 +29,7 @@ class Prepared:
     session: SessionContext
     prompt_ids: list[int]
     adapter: str | None
-    max_tokens: int
+    limit: OutputLimit  # the engine's max_new_tokens and what set it (output_limit.py)
     interaction_id: str
     started: float = field(default_factory=time.monotonic)
     ttft_ms: float | None = None
@@ -64,10 +65,11 @@ def engine_payload(prep: Prepared, index: int, stream: bool) -> dict[str, Any]:
     forced turn has no text answer to shape)."""
     s = prep.req.sampling
     sampling = proto.Sampling(
-        max_new_tokens=prep.max_tokens,
+        max_new_tokens=prep.limit.tokens,
         temperature=s.temperature,
         top_p=s.top_p,
         top_k=s.top_k,
+        min_p=s.min_p,
         stop=s.stop or None,
         seed=s.seed + index if s.seed is not None else None,
         json_schema=None if prep.forced_tools else s.json_schema,
@@ -163,6 +165,7 @@ def interaction_record(
         completion_logprobs=c.logprobs,
         temperature=prep.req.sampling.temperature,
         top_p=prep.req.sampling.top_p,
+        min_p=prep.req.sampling.min_p,
         frequency_penalty=prep.req.sampling.frequency_penalty,
         presence_penalty=prep.req.sampling.presence_penalty,
         policy_version=prep.policy_version,

@@ -27,22 +27,14 @@ import time
 from collections import OrderedDict
 from typing import Any, Protocol
 
+from starlette.types import ASGIApp, Receive, Scope, Send
+
 from core.errors import APIError
 from gateway.credentials import presented_credential
 from gateway.errors import send_error
 
 log = logging.getLogger("rlgate.ratelimit")
 
-MODEL_PATHS = frozenset(
-    {
-        "/v1/chat/completions",
-        "/chat/completions",
-        "/v1/messages",
-        "/messages",
-        "/v1/responses",
-        "/responses",
-    }
-)
 FEEDBACK_PATHS = frozenset({"/feedback", "/v1/feedback", "/rl/set_reward", "/v1/rl/set_reward"})
 
 
@@ -190,6 +182,15 @@ def limiter_for(app: Any) -> Limiter:
     return limiter
 
 
+def model_paths(app: Any) -> frozenset[str]:
+    """The paths of model calls: what the registered APIs name (``app.state.apis``)."""
+    paths = getattr(app.state, "model_paths", None)
+    if paths is None:
+        apis = getattr(app.state, "apis", ())
+        paths = app.state.model_paths = frozenset().union(*(a.model_paths for a in apis))
+    return paths
+
+
 def settings_of(app: Any) -> Any:
     """The app's settings: ``app.state.settings``, else the running gateway's."""
     settings = getattr(app.state, "settings", None)
@@ -210,10 +211,10 @@ class RateLimitMiddleware:
     """Pure ASGI: per-key requests/s, feedback posts/s and concurrent model calls (a slot
     is held until the last byte of the response, so a stream holds it while it runs)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -249,7 +250,7 @@ class RateLimitMiddleware:
                     wait,
                 )
         token: str | None = None
-        if err is None and method == "POST" and path in MODEL_PATHS:
+        if err is None and method == "POST" and path in model_paths(scope["app"]):
             ttl = settings.engine_timeout_s + 60
             token = await limiter.acquire("c:" + bucket, settings.max_concurrent_per_key, ttl)
             if token is None:

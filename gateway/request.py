@@ -37,6 +37,7 @@ class Sampling:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0  # [0, 1]; 0: off
     max_tokens: int | None = None
     stop: list[str] = field(default_factory=list)
     seed: int | None = None

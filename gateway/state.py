@@ -1,7 +1,7 @@
 """The running gateway's state: what ``request.app.state.gw`` holds for every route.
 
 Built by gateway/app.py (``build_gateway``); the route modules read it through
-gateway.routing.gw_of and depend on this module, never on gateway/app.py, which imports
+gateway.request_context.gw_of and depend on this module, never on gateway/app.py, which imports
 them (tests/test_imports.py: no import cycles).
 """
 
@@ -10,19 +10,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.orm import Session, sessionmaker
+
 from core.settings import Settings
 from gateway.adapter_sync import AdapterSync
 from gateway.auth import Authenticator
 from gateway.engine_client import EngineClient
 from gateway.metrics import Metrics
+from gateway.pipeline import Pipeline
 from gateway.recorder import Recorder
-from gateway.service import Pipeline
 
 
 @dataclass
 class Gateway:
     settings: Settings
-    factory: Any
+    factory: sessionmaker[Session]
     auth: Authenticator
     pipeline: Pipeline
     recorder: Recorder

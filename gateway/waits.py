@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
-from gateway.routing import gw_of
+from gateway.request_context import gw_of
 
 T = TypeVar("T")
 

@@ -186,6 +186,7 @@ class Interaction(Record):
     )
     temperature: float = Field(ge=0)
     top_p: float = Field(gt=0, le=1)
+    min_p: float = Field(0.0, ge=0, le=1, description="0: off (vLLM's and SGLang's)")
     frequency_penalty: float = Field(
         0.0, ge=-2, le=2, description="OpenAI's; not 0: sampled from a penalized distribution"
     )

@@ -130,6 +130,7 @@ class InteractionRow(Base):
     completion_logprobs: Mapped[list[float]] = mapped_column(Logprobs)
     temperature: Mapped[float] = mapped_column(Float)
     top_p: Mapped[float] = mapped_column(Float)
+    min_p: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     frequency_penalty: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     presence_penalty: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     policy_version: Mapped[str] = mapped_column(String(200))

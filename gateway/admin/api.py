@@ -22,7 +22,7 @@ from gateway.admin.auth import Ctx, api_ctx, project_for
 from gateway.admin.ops import db, decoder, do_action, recording_status
 from gateway.admin.params import LISTS, int_param, list_page, paging, q
 from gateway.admin_actions import ActionError
-from gateway.routing import gw_of, read_json
+from gateway.request_context import gw_of, read_json
 
 router = APIRouter(include_in_schema=False)
 
@@ -44,7 +44,7 @@ def action_errors(route: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
-    """The JSON object sent, checked as the client APIs' bodies are (gateway.routing
+    """The JSON object sent, checked as the client APIs' bodies are (gateway.request_context
     ``read_json``: a 400 for nesting past the limit, a NUL or a lone surrogate)."""
     raw = await request.body()
     if not raw.strip():

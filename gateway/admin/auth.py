@@ -30,7 +30,7 @@ from fastapi import Request
 from core.errors import APIError
 from gateway.admin_actions import ActionError
 from gateway.auth import BOOTSTRAP_ADMIN_ID, Principal, presented_secret
-from gateway.routing import gw_of
+from gateway.request_context import gw_of
 from schemas.tables import ApiKeyRow
 
 COOKIE = "rlgate_admin"

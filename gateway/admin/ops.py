@@ -10,7 +10,7 @@ from fastapi import Request
 from gateway import admin_actions as actions
 from gateway.admin.auth import Ctx, project_for
 from gateway.admin_actions import ActionError
-from gateway.routing import gw_of
+from gateway.request_context import gw_of
 
 ACTIONS = ("train-now", "pause", "resume", "promote", "rollback", "retire")
 

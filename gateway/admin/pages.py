@@ -24,7 +24,7 @@ from gateway.admin.ops import db, decoder, do_action, recording_status
 from gateway.admin.params import list_page, paging, q
 from gateway.admin.render import html, render
 from gateway.admin_actions import ActionError
-from gateway.routing import gw_of
+from gateway.request_context import gw_of
 from schemas.atdp import RunStatus
 
 router = APIRouter(include_in_schema=False)

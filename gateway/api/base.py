@@ -1,30 +1,22 @@
 """What the four API translators share: request validation and its error messages,
-unknown-field rejection, tool-name and tool-schema checks, SSE encoding, the model-key
-check, and the one way a call is answered (``respond``: JSON, or a stream driven through an
-API's ``StreamWriter`` by ``write_stream``)."""
+unknown-field rejection, tool-name and tool-schema checks, the internal request, the
+dashboard's view of a stored request, SSE encoding and the model-key check. How a call is
+served (the route's one call) is ``handler.py``'s."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import jsonschema
-from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from core.errors import APIError
-from gateway.auth import Principal, require_model_key
+from gateway.auth import require_model_key
 from gateway.errors import bad_request
+from gateway.pipeline import Prepared
 from gateway.request import Completion, GenerationRequest, Message, Sampling, Tool
-from gateway.retries import client_attempt
-from gateway.routing import gw_of, headers_for, principal, read_json
-from gateway.service import Prepared, StreamEvent, open_stream, replay
-from gateway.state import Gateway
 
 __all__ = ["require_model_key"]
 
@@ -32,7 +24,6 @@ TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 OPENAI_INVALID = "invalid value for '{loc}': {msg}"
 
 M = TypeVar("M", bound=BaseModel)
-Hook = Callable[[list[Completion]], None]
 
 
 class Loose(BaseModel):
@@ -218,116 +209,3 @@ def sse_event(kind: str, obj: Any) -> bytes:
     """A named SSE event (Anthropic Messages, OpenAI Responses)."""
     data = json.dumps(obj, separators=(",", ":"))
     return f"event: {kind}\ndata: {data}\n\n".encode()
-
-
-class StreamWriter(Protocol):
-    """One API's server-sent events for one stream (``write_stream`` drives it)."""
-
-    def start(self) -> list[bytes]: ...
-
-    def event(self, ev: StreamEvent) -> list[bytes]: ...
-
-    def error(self, e: APIError) -> list[bytes]: ...
-
-    def close(self, finished: list[Completion]) -> list[bytes]:
-        """The last bytes before the record is made durable."""
-        ...
-
-    def end(self, finished: list[Completion]) -> list[bytes]:
-        """The stream's end, sent once the record is durable."""
-        ...
-
-
-async def write_stream(
-    pipeline: Any,
-    prep: Prepared,
-    events: Any,
-    first: StreamEvent | None,
-    writer: StreamWriter,
-    on_recorded: Hook | None = None,
-) -> AsyncIterator[bytes]:
-    """The body of a stream: the writer's bytes for each event; after the last event, the
-    pipeline records the choices (``Pipeline.finish_stream``, then ``on_recorded``) before
-    the writer's end is sent. An APIError while generating ends the stream with the
-    writer's error event (what was generated is recorded as ``abort`` by the pipeline)."""
-    for chunk in writer.start():
-        yield chunk
-    finished: list[Completion] = []
-    try:
-        async with contextlib.aclosing(replay(first, events)) as evs:
-            async for ev in evs:
-                for chunk in writer.event(ev):
-                    yield chunk
-                if ev.finished:
-                    finished.append(ev.finished)
-    except APIError as e:
-        for chunk in writer.error(e):
-            yield chunk
-        return
-    finished.sort(key=lambda c: c.index)
-    for chunk in writer.close(finished):
-        yield chunk
-    if not finished:  # pragma: no cover - the pipeline always ends with a final event
-        return
-    await pipeline.finish_stream(prep, finished, on_recorded)
-    for chunk in writer.end(finished):
-        yield chunk
-
-
-@dataclass
-class Call:
-    """One model call as a route sees it: the gateway, the caller and the JSON body."""
-
-    request: Request
-    gw: Gateway
-    principal: Principal
-    body: Any
-
-    @property
-    def model(self) -> str:
-        return self.gw.settings.served_model_name
-
-    async def prepare(
-        self, req: GenerationRequest, prefix: str, *, fit_max_tokens: bool = False
-    ) -> Prepared:
-        """The pipeline's ``prepare``. With ``fit_max_tokens`` an output limit that does not
-        fit the context is an upper bound: dropped for what the context leaves (Claude Code
-        asks for 32000 whatever the model's context) instead of refused."""
-        try:
-            prep = await self.gw.pipeline.prepare(self.principal, req, prefix)
-        except APIError as e:
-            if not fit_max_tokens or e.param != "max_tokens":
-                raise
-            req.sampling.max_tokens = None
-            prep = await self.gw.pipeline.prepare(self.principal, req, prefix)
-        prep.attempt = client_attempt(self.request.headers)
-        return prep
-
-
-async def open_call(request: Request) -> Call:
-    """The gateway, the caller (401 without a valid key) and the JSON body (400)."""
-    gw = gw_of(request)
-    p = await principal(request)
-    return Call(request, gw, p, await read_json(request))
-
-
-async def respond(
-    call: Call,
-    prep: Prepared,
-    body: Callable[[list[Completion]], dict[str, Any]],
-    writer: Callable[[], StreamWriter],
-    on_recorded: Hook | None = None,
-) -> Response:
-    """The answer to a prepared call: ``body`` of the recorded choices as JSON, or for a
-    stream the events of ``writer()``. Generation starts before any byte is sent, so an
-    engine that is down still gets a proper HTTP error."""
-    pipeline = call.gw.pipeline
-    if prep.req.stream:
-        events, first = await open_stream(pipeline, prep)
-        return StreamingResponse(
-            write_stream(pipeline, prep, events, first, writer(), on_recorded),
-            media_type="text/event-stream",
-            headers={**headers_for(prep), "Cache-Control": "no-cache"},
-        )
-    completions = await pipeline.complete(prep, on_recorded)
-    return JSONResponse(body(completions), headers=headers_for(prep))

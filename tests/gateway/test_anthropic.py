@@ -19,10 +19,11 @@ from transformers import AutoTokenizer
 
 from gateway.api.anthropic_messages import translator as am
 from gateway.api.anthropic_messages.stream import MessagesStream
-from gateway.api.base import write_stream
+from gateway.api.handler import write_stream
 from gateway.auth import Principal
+from gateway.output_limit import OutputLimit, output_limit
+from gateway.pipeline import Prepared, StreamEvent
 from gateway.request import Completion, ToolCallOut
-from gateway.service import Prepared, StreamEvent
 from gateway.sessions import SessionContext
 from tests.gateway.helpers import counts, run_in_fresh_loop, wait_recorded
 
@@ -404,7 +405,7 @@ def _prep(**sampling) -> Prepared:  # type: ignore[no-untyped-def]
         session=SessionContext("s", None, False),
         prompt_ids=[1, 2, 3],
         adapter=None,
-        max_tokens=50,
+        limit=OutputLimit(50, "client"),
         interaction_id="msg_x",
     )
 
@@ -442,13 +443,16 @@ def test_translator_stop_sequence():
     assert body["stop_reason"] == "stop_sequence" and body["stop_sequence"] == "ef"
     c = _completion("cd", [], reason="length", ids=(3, 4))
     assert am.message_body(prep, c, _Tok(), "policy")["stop_reason"] == "max_tokens"
-    # the client's max_tokens did not fit and was dropped: the context or the gateway's
-    # default cut the answer, not the client's limit
-    prep.req.sampling.max_tokens = None
-    assert am.message_body(prep, c, _Tok(), "policy", 5)["stop_reason"] == (
+    # the client's max_tokens did not fit (an upper bound on this API): the context or
+    # the gateway's default cut the answer, not the client's limit
+    prep.limit = output_limit(32000, 3, 8, None, fit=True)
+    assert prep.limit == OutputLimit(5, "context")
+    assert am.message_body(prep, c, _Tok(), "policy")["stop_reason"] == (
         "model_context_window_exceeded"
     )
-    assert am.message_body(prep, c, _Tok(), "policy", 2048)["stop_reason"] == "end_turn"
+    prep.limit = output_limit(32000, 3, 2048, 16, fit=True)
+    assert prep.limit == OutputLimit(16, "default")
+    assert am.message_body(prep, c, _Tok(), "policy")["stop_reason"] == "end_turn"
 
 
 async def _collect(prep, events):  # type: ignore[no-untyped-def]
@@ -463,7 +467,7 @@ async def _collect(prep, events):  # type: ignore[no-untyped-def]
         for ev in events[1:]:
             yield ev
 
-    writer = MessagesStream(prep, _Tok(), "policy", 2048)
+    writer = MessagesStream(prep, _Tok(), "policy")
     chunks = [b async for b in write_stream(_P(), prep, gen(), events[0], writer)]
     return b"".join(chunks).decode()
 

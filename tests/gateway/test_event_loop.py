@@ -29,6 +29,7 @@ from core.keys import create_key
 from core.migrate import upgrade
 from core.settings import Settings
 from gateway.app import create_app
+from gateway.request import Message
 from gateway.state import Gateway
 from gateway.templating import MIN_PROMPT_CHARS
 from tests.servers import MODEL_CACHE, Proc, free_port
@@ -290,3 +291,29 @@ def test_deeply_nested_json_is_400(live: Live, depth: int) -> None:
     )
     assert r.status_code == 400, r.text
     assert "nested" in r.json()["error"]["message"]
+
+
+def test_an_output_limit_that_does_not_fit_renders_the_prompt_once(live: Live) -> None:
+    """Anthropic's max_tokens is an upper bound (Claude Code asks for 32000 whatever the
+    context): such a call is answered from one render of its prompt, the output limit
+    being what the context leaves (gateway/output_limit.py), not from a second render
+    after a refusal."""
+    renderer = live.gw.pipeline.renderer
+
+    def prompt_tokens(text: str) -> int:
+        return len(renderer.render([Message("user", text)], [], {})[1])
+
+    base, per = prompt_tokens(""), prompt_tokens(" hello" * 100) - prompt_tokens("")
+    assert per == 100  # " hello" is one token: the prompt's length is set exactly
+    text = " hello" * (renderer.context_length - base - 3)
+    assert prompt_tokens(text) == renderer.context_length - 3
+    body = {"model": "m", "max_tokens": 32000, "messages": [{"role": "user", "content": text}]}
+    before = live.tok.calls()
+    r = live.post("/v1/messages", {**body, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert live.tok.calls()[0] == before[0] + 1  # the chat template ran once
+    out = r.json()
+    assert out["usage"]["input_tokens"] == renderer.context_length - 3
+    assert out["usage"]["output_tokens"] <= 3
+    if out["usage"]["output_tokens"] == 3:  # cut by the context, not by the client's limit
+        assert out["stop_reason"] == "model_context_window_exceeded"

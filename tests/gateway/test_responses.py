@@ -12,12 +12,13 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from gateway.api.base import write_stream
+from gateway.api.handler import write_stream
 from gateway.api.openai_responses import translator as oresp
 from gateway.api.openai_responses.stream import ResponsesStream
 from gateway.auth import Principal
+from gateway.output_limit import OutputLimit
+from gateway.pipeline import Prepared, StreamEvent
 from gateway.request import Completion, ToolCallOut
-from gateway.service import Prepared, StreamEvent
 from gateway.sessions import SessionContext
 from tests.gateway.helpers import counts, run_in_fresh_loop, wait_recorded
 
@@ -372,7 +373,7 @@ def _prep() -> Prepared:
         session=SessionContext("s", None, False),
         prompt_ids=[1, 2, 3],
         adapter=None,
-        max_tokens=50,
+        limit=OutputLimit(50, "client"),
         interaction_id="resp_x",
     )
 
@@ -451,7 +452,7 @@ def test_translator_namespace_calls_carry_the_namespace():
         session=SessionContext("s", None, False),
         prompt_ids=[1],
         adapter=None,
-        max_tokens=9,
+        limit=OutputLimit(9, "client"),
         interaction_id="r",
     )
     calls = [ToolCallOut("c1", "add", "{}"), ToolCallOut("c2", "spawn_agent", '{"message": "x"}')]

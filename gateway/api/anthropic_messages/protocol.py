@@ -7,7 +7,9 @@ from typing import Any
 
 from pydantic import Field
 
+from core.errors import APIError
 from gateway.api.base import Loose
+from gateway.errors import ErrorFormat
 
 # blocks the served model cannot read (it reads text)
 MEDIA_BLOCKS = ("image", "document", "search_result", "container_upload")
@@ -83,6 +85,31 @@ def message_json(
         "stop_sequence": stop.get("stop_sequence"),
         "usage": usage,
     }
+
+
+# ---- errors -------------------------------------------------------------------------
+
+# Anthropic's error ``type`` for each status
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "api_error",
+}
+
+
+def error_json(kind: str, err: APIError) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": kind, "message": err.message}}
+
+
+ERRORS = ErrorFormat(ERROR_TYPES, "api_error", error_json)
 
 
 # ---- models -------------------------------------------------------------------------

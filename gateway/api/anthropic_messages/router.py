@@ -2,8 +2,8 @@
 
 Auth is ``x-api-key`` or ``Authorization: Bearer``; ``anthropic-version`` and
 ``anthropic-beta`` headers are accepted (and not required); ``?beta=true`` is ignored.
-Errors under /v1/messages come out in Anthropic's ``{"type": "error", ...}`` shape
-(gateway.errors.error_style).
+Errors under /v1/messages come out in Anthropic's ``{"type": "error", ...}`` shape (the
+format ``spec.py`` registers). ``max_tokens`` is an upper bound (``FIT_MAX_TOKENS``).
 """
 
 from __future__ import annotations
@@ -15,25 +15,33 @@ from fastapi.responses import Response
 
 from gateway.api.anthropic_messages import translator
 from gateway.api.anthropic_messages.stream import MessagesStream
-from gateway.api.base import open_call, require_model_key, respond
-from gateway.routing import gw_of, principal, read_json
+from gateway.api.base import require_model_key
+from gateway.api.handler import ApiHandler, StreamWriter
+from gateway.pipeline import Prepared
+from gateway.request import Completion, GenerationRequest
+from gateway.request_context import gw_of, principal, read_json
 
 router = APIRouter()
+
+
+class Messages(ApiHandler):
+    ID_PREFIX = translator.ID_PREFIX
+    FIT_MAX_TOKENS = True  # Claude Code asks for 32000 whatever the model's context
+
+    async def to_internal(self) -> list[GenerationRequest]:
+        return [translator.to_internal(self.call.body, self.session_header())]
+
+    def body(self, prep: Prepared, completions: list[Completion]) -> dict[str, Any]:
+        return translator.message_body(prep, completions[0], self.tokenizer, self.model)
+
+    def writer(self, prep: Prepared) -> StreamWriter:
+        return MessagesStream(prep, self.tokenizer, self.model)
 
 
 @router.post("/v1/messages")
 @router.post("/messages", include_in_schema=False)
 async def messages(request: Request) -> Response:
-    call = await open_call(request)
-    req = translator.to_internal(call.body, request.headers.get("x-session-id"))
-    prep = await call.prepare(req, translator.ID_PREFIX, fit_max_tokens=True)
-    tok, ctx = call.gw.tokenizer, call.gw.pipeline.renderer.context_length
-    return await respond(
-        call,
-        prep,
-        lambda completions: translator.message_body(prep, completions[0], tok, call.model, ctx),
-        lambda: MessagesStream(prep, tok, call.model, ctx),
-    )
+    return await Messages.handle(request)
 
 
 @router.post("/v1/messages/count_tokens")

@@ -11,8 +11,8 @@ from core.errors import APIError
 from gateway.api.anthropic_messages.protocol import message_json, tool_input, usage_json
 from gateway.api.anthropic_messages.translator import stop_info
 from gateway.api.base import sse_event, token_ids
+from gateway.pipeline import Prepared, StreamEvent
 from gateway.request import Completion, ToolCallOut
-from gateway.service import Prepared, StreamEvent
 
 PING_EVERY_S = 10
 
@@ -65,15 +65,12 @@ class _Blocks:
 
 
 class MessagesStream:
-    """A ``base.StreamWriter`` for ``POST /v1/messages`` with ``stream: true``."""
+    """A ``handler.StreamWriter`` for ``POST /v1/messages`` with ``stream: true``."""
 
-    def __init__(
-        self, prep: Prepared, tokenizer: Any, model: str, context_length: int | None
-    ) -> None:
+    def __init__(self, prep: Prepared, tokenizer: Any, model: str) -> None:
         self.prep = prep
         self.tokenizer = tokenizer
         self.model = model
-        self.context_length = context_length
         self.blocks = _Blocks()
         self.last_ping = time.monotonic()
 
@@ -110,7 +107,7 @@ class MessagesStream:
 
     def end(self, finished: list[Completion]) -> list[bytes]:
         (c,) = finished
-        reason, seq = stop_info(self.prep, c, self.tokenizer, self.context_length)
+        reason, seq = stop_info(self.prep, c, self.tokenizer)
         delta = {"stop_reason": reason, "stop_sequence": seq}
         return [
             _event(

@@ -37,11 +37,12 @@ from gateway.api.anthropic_messages.protocol import (
     usage_json,
 )
 from gateway.errors import bad_request
+from gateway.pipeline import Prepared
 from gateway.request import Completion, GenerationRequest, Message, Sampling, Tool, ToolCallOut
-from gateway.service import Prepared
 from gateway.structured import anthropic_format
+from schemas.atdp import ClientProtocol
 
-PROTOCOL = "anthropic-messages"
+PROTOCOL = ClientProtocol.anthropic_messages
 ID_PREFIX = "msg_"
 
 
@@ -302,25 +303,27 @@ def display_messages(raw: dict[str, Any]) -> list[dict[str, Any]]:
 # ---- answers ------------------------------------------------------------------------
 
 
-def stop_info(
-    prep: Prepared, c: Completion, tokenizer: Any, context_length: int | None = None
-) -> tuple[str, str | None]:
+# the stop reason of an answer cut at its output limit, by what set the limit
+_LENGTH_REASONS = {
+    "client": "max_tokens",
+    "context": "model_context_window_exceeded",
+    "default": "end_turn",
+}
+
+
+def stop_info(prep: Prepared, c: Completion, tokenizer: Any) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence) in Anthropic's terms.
 
-    ``max_tokens`` only when the client's own ``max_tokens`` was reached. When it did not
-    fit the context (Claude Code asks for 32000), the routes drop it and the answer gets
-    what the context leaves, or the gateway's RLGATE_DEFAULT_MAX_TOKENS if smaller: a cut
-    at the end of the context is ``model_context_window_exceeded``, a cut by the gateway's
-    default is ``end_turn`` (Claude Code treats both others as a failed turn; the record
-    keeps finish_reason ``length``), as Responses reports ``completed`` then."""
+    A cut at the output limit is ``max_tokens`` only when the client's own ``max_tokens``
+    was reached. One that did not fit the context (Claude Code asks for 32000) is an upper
+    bound here (gateway/output_limit.py): a cut at the end of the context is
+    ``model_context_window_exceeded``, a cut by the gateway's RLGATE_DEFAULT_MAX_TOKENS is
+    ``end_turn`` (Claude Code treats both others as a failed turn; the record keeps
+    finish_reason ``length``), as Responses reports ``completed`` then."""
     if c.tool_calls:
         return "tool_use", None
     if c.finish_reason == "length":
-        if prep.req.sampling.max_tokens is not None:
-            return "max_tokens", None
-        if context_length and len(prep.prompt_ids) + len(c.output_ids) >= context_length:
-            return "model_context_window_exceeded", None
-        return "end_turn", None
+        return _LENGTH_REASONS[prep.limit.by], None
     stops = prep.req.sampling.stop
     if stops and c.output_ids and c.output_ids[-1] != tokenizer.eos_token_id:
         # the engine trims the matched stop string from the text, the ids keep it
@@ -346,10 +349,8 @@ def content_blocks(c: Completion) -> list[dict[str, Any]]:
     return blocks
 
 
-def message_body(
-    prep: Prepared, c: Completion, tokenizer: Any, model: str, context_length: int | None = None
-) -> dict[str, Any]:
-    reason, seq = stop_info(prep, c, tokenizer, context_length)
+def message_body(prep: Prepared, c: Completion, tokenizer: Any, model: str) -> dict[str, Any]:
+    reason, seq = stop_info(prep, c, tokenizer)
     usage = usage_json(len(prep.prompt_ids), len(c.output_ids), c.cached_tokens)
     body = message_json(
         prep.interaction_id,

@@ -23,6 +23,8 @@ class ChatRequest(Loose):
     top_p: float | None = Field(None, gt=0, le=1)
     # not OpenAI's, but vLLM's and SGLang's: sample from the k likeliest tokens (0 or -1: all)
     top_k: int | None = Field(None, ge=-1)
+    # vLLM's and SGLang's too: drop tokens less likely than min_p times the likeliest
+    min_p: float | None = Field(None, ge=0, le=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None

@@ -9,28 +9,53 @@ from core.errors import APIError
 from gateway.api.base import sse_data, token_ids
 from gateway.api.openai_chat.protocol import chunk_choice, tool_call_json, usage_json
 from gateway.api.openai_chat.translator import logprobs_content
+from gateway.pipeline import Prepared, StreamEvent
 from gateway.request import Completion
-from gateway.service import Prepared, StreamEvent
 
 
-class ChatStream:
-    """A ``base.StreamWriter``: a role chunk per choice, then content, tool-call and finish
-    chunks as they come; usage (if asked for) and ``[DONE]`` once the record is durable."""
+class DataStream:
+    """What the OpenAI ``data:``-only streams share (Chat Completions, Completions): chunks
+    of one ``object`` kind, an error event, and at the end usage (if asked for) and
+    ``[DONE]`` once the record is durable. Subclasses write ``start`` and ``event``."""
 
-    def __init__(self, prep: Prepared, tokenizer: Any, model: str) -> None:
+    def __init__(self, prep: Prepared, tokenizer: Any, model: str, kind: str) -> None:
         self.prep = prep
         self.tokenizer = tokenizer
         self.base = {
             "id": prep.interaction_id,
-            "object": "chat.completion.chunk",
+            "object": kind,
             "created": int(time.time()),
             "model": model,
             "system_fingerprint": prep.policy_version,
         }
-        self.tool_index = [0] * prep.req.sampling.n
 
     def _chunk(self, *choices: dict[str, Any], **extra: Any) -> bytes:
         return sse_data({**self.base, "choices": list(choices), **extra})
+
+    def error(self, e: APIError) -> list[bytes]:
+        return [
+            sse_data({"error": {"message": e.message, "type": "server_error", "code": e.status}})
+        ]
+
+    def close(self, finished: list[Completion]) -> list[bytes]:
+        return []
+
+    def end(self, finished: list[Completion]) -> list[bytes]:
+        out = []
+        if self.prep.req.include_usage:
+            ct = sum(len(c.output_ids) for c in finished)
+            cached = min((c.cached_tokens for c in finished), default=0)
+            out.append(self._chunk(usage=usage_json(len(self.prep.prompt_ids), ct, cached)))
+        return [*out, b"data: [DONE]\n\n"]
+
+
+class ChatStream(DataStream):
+    """A ``handler.StreamWriter``: a role chunk per choice, then content, tool-call and finish
+    chunks as they come; usage (if asked for) and ``[DONE]`` once the record is durable."""
+
+    def __init__(self, prep: Prepared, tokenizer: Any, model: str) -> None:
+        super().__init__(prep, tokenizer, model, "chat.completion.chunk")
+        self.tool_index = [0] * prep.req.sampling.n
 
     def start(self) -> list[bytes]:
         role = {"role": "assistant", "content": ""}
@@ -66,19 +91,3 @@ class ChatStream:
         if ev.finished:
             out.append(self._chunk(chunk_choice(ev.index, {}, None, ev.finished.finish_reason)))
         return out
-
-    def error(self, e: APIError) -> list[bytes]:
-        return [
-            sse_data({"error": {"message": e.message, "type": "server_error", "code": e.status}})
-        ]
-
-    def close(self, finished: list[Completion]) -> list[bytes]:
-        return []
-
-    def end(self, finished: list[Completion]) -> list[bytes]:
-        out = []
-        if self.prep.req.include_usage:
-            ct = sum(len(c.output_ids) for c in finished)
-            cached = min((c.cached_tokens for c in finished), default=0)
-            out.append(self._chunk(usage=usage_json(len(self.prep.prompt_ids), ct, cached)))
-        return [*out, b"data: [DONE]\n\n"]

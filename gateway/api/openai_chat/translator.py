@@ -18,6 +18,7 @@ from gateway.api.openai_chat.protocol import (
     usage_json,
 )
 from gateway.errors import bad_request
+from gateway.pipeline import Prepared
 from gateway.request import (
     Completion,
     GenerationRequest,
@@ -26,11 +27,11 @@ from gateway.request import (
     Tool,
     ToolCallOut,
 )
-from gateway.service import Prepared
 from gateway.structured import openai_format
 from gateway.templating import check_template_kwargs
+from schemas.atdp import ClientProtocol
 
-PROTOCOL = "openai-chat"
+PROTOCOL = ClientProtocol.openai_chat
 ID_PREFIX = "chatcmpl-"
 _TEXT_PARTS = ("text", "input_text", "output_text")
 _MEDIA_PARTS = ("image_url", "input_image", "image", "input_audio", "file")
@@ -136,22 +137,30 @@ def _tool_choice(req: ChatRequest, tools: list[Tool]) -> tuple[str | dict[str, A
     return base.choose_tools(choice, tools)
 
 
+def seed_and_stop(seed: int | None, n: int, stop: str | list[str] | None) -> list[str]:
+    """OpenAI's ``seed`` and ``stop`` checked (choice i of ``n`` samples with seed + i,
+    which must stay a 64-bit integer; at most 4 stop sequences): the stop sequences."""
+    if seed is not None and not SEED_MIN <= seed <= SEED_MAX - (n - 1):
+        raise bad_request(
+            f"invalid value for 'seed': must be an integer in [{SEED_MIN}, "
+            f"{SEED_MAX - (n - 1)}] (a 64-bit signed integer; choice i uses seed + i)",
+            "seed",
+        )
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stops) > 4:
+        raise bad_request("stop may hold at most 4 sequences", "stop")
+    return stops
+
+
 def _sampling(req: ChatRequest, json_schema: str | None) -> Sampling:
     if req.top_logprobs and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs: true", "top_logprobs")
-    if req.seed is not None and not SEED_MIN <= req.seed <= SEED_MAX - (req.n - 1):
-        raise bad_request(
-            f"invalid value for 'seed': must be an integer in [{SEED_MIN}, "
-            f"{SEED_MAX - (req.n - 1)}] (a 64-bit signed integer; choice i uses seed + i)",
-            "seed",
-        )
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    if len(stop) > 4:
-        raise bad_request("stop may hold at most 4 sequences", "stop")
+    stop = seed_and_stop(req.seed, req.n, req.stop)
     return Sampling(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=req.top_k or -1,
+        min_p=req.min_p or 0.0,
         max_tokens=req.max_completion_tokens or req.max_tokens,
         stop=stop,
         seed=req.seed,

@@ -2,39 +2,25 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from core.errors import APIError
-from gateway.api.base import sse_data, token_ids
-from gateway.api.openai_chat.protocol import usage_json
+from gateway.api.base import token_ids
+from gateway.api.openai_chat.stream import DataStream
 from gateway.api.openai_completions.protocol import choice_json
 from gateway.api.openai_completions.translator import echoed, logprobs_json
-from gateway.request import Completion
-from gateway.service import Prepared, StreamEvent
+from gateway.pipeline import Prepared, StreamEvent
 
 
-class CompletionStream:
-    """A ``base.StreamWriter`` for one prompt: with ``echo`` (or ``return_token_ids``) a
+class CompletionStream(DataStream):
+    """A ``handler.StreamWriter`` for one prompt: with ``echo`` (or ``return_token_ids``) a
     first chunk per choice with the prompt (its ids); then the text as it comes, each
     chunk with its logprobs (character offsets running on) and its ids if asked; a finish
     chunk per choice; usage (if asked for) and ``[DONE]`` once the record is durable."""
 
     def __init__(self, prep: Prepared, tokenizer: Any, model: str) -> None:
-        self.prep = prep
-        self.tokenizer = tokenizer
-        self.base = {
-            "id": prep.interaction_id,
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": model,
-            "system_fingerprint": prep.policy_version,
-        }
+        super().__init__(prep, tokenizer, model, "text_completion")
         self.prefix = echoed(prep, tokenizer) if prep.req.raw.get("echo") else ""
         self.offset = [len(self.prefix)] * prep.req.sampling.n
-
-    def _chunk(self, *choices: dict[str, Any], **extra: Any) -> bytes:
-        return sse_data({**self.base, "choices": list(choices), **extra})
 
     def start(self) -> list[bytes]:
         if not (self.prefix or self.prep.req.return_token_ids):
@@ -62,19 +48,3 @@ class CompletionStream:
         if ev.finished:
             out.append(self._chunk(choice_json(ev.index, "", None, ev.finished.finish_reason)))
         return out
-
-    def error(self, e: APIError) -> list[bytes]:
-        return [
-            sse_data({"error": {"message": e.message, "type": "server_error", "code": e.status}})
-        ]
-
-    def close(self, finished: list[Completion]) -> list[bytes]:
-        return []
-
-    def end(self, finished: list[Completion]) -> list[bytes]:
-        out = []
-        if self.prep.req.include_usage:
-            ct = sum(len(c.output_ids) for c in finished)
-            cached = min((c.cached_tokens for c in finished), default=0)
-            out.append(self._chunk(usage=usage_json(len(self.prep.prompt_ids), ct, cached)))
-        return [*out, b"data: [DONE]\n\n"]

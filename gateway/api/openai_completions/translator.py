@@ -8,17 +8,19 @@ import time
 from typing import Any
 
 from gateway.api import base
-from gateway.api.openai_chat.protocol import SEED_MAX, SEED_MIN, usage_json
+from gateway.api.openai_chat.protocol import usage_json
+from gateway.api.openai_chat.translator import seed_and_stop
 from gateway.api.openai_completions.protocol import (
     MAX_PROMPTS,
     CompletionRequest,
     choice_json,
 )
 from gateway.errors import bad_request
+from gateway.pipeline import Prepared
 from gateway.request import Completion, GenerationRequest, Message, Sampling
-from gateway.service import Prepared
+from schemas.atdp import ClientProtocol
 
-PROTOCOL = "openai-completions"
+PROTOCOL = ClientProtocol.openai_completions
 ID_PREFIX = "cmpl-"
 IGNORED = {"store", "service_tier", "prompt_cache_key", "safety_identifier"}
 PROMPT_FORMS = "a string, a list of strings, a list of token ids, or a list of token-id lists"
@@ -47,15 +49,7 @@ def prompts(raw: Any) -> list[str | list[int]]:
 
 
 def _sampling(req: CompletionRequest) -> Sampling:
-    if req.seed is not None and not SEED_MIN <= req.seed <= SEED_MAX - (req.n - 1):
-        raise bad_request(
-            f"invalid value for 'seed': must be an integer in [{SEED_MIN}, "
-            f"{SEED_MAX - (req.n - 1)}] (a 64-bit signed integer; choice i uses seed + i)",
-            "seed",
-        )
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    if len(stop) > 4:
-        raise bad_request("stop may hold at most 4 sequences", "stop")
+    stop = seed_and_stop(req.seed, req.n, req.stop)
     return Sampling(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,

@@ -20,6 +20,7 @@ class ResponsesRequest(Loose):
     tool_choice: str | dict[str, Any] | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
+    min_p: float | None = Field(None, ge=0, le=1)  # vLLM's and SGLang's extension
     max_output_tokens: int | None = Field(None, ge=1)
     stream: bool = False
     store: bool | None = True

@@ -12,14 +12,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from core.errors import APIError
-from gateway.api.base import open_call, require_model_key, respond
+from gateway.api.base import require_model_key
+from gateway.api.handler import ApiHandler, Hook, StreamWriter
 from gateway.api.openai_responses import translator
 from gateway.api.openai_responses.store import store_of, visible
 from gateway.api.openai_responses.stream import ResponsesStream
 from gateway.auth import require_kind
 from gateway.generation import output_json
-from gateway.request import Completion, Message
-from gateway.routing import gw_of, principal
+from gateway.pipeline import Prepared
+from gateway.request import Completion, GenerationRequest, Message
+from gateway.request_context import gw_of, principal
 from gateway.waits import locate
 from schemas.tables import InteractionRow
 
@@ -33,31 +35,44 @@ def session_header(request: Request) -> str | None:
     return h.get("x-session-id") or h.get("session-id") or h.get("session_id")
 
 
+class Responses(ApiHandler):
+    ID_PREFIX = translator.ID_PREFIX
+
+    async def to_internal(self) -> list[GenerationRequest]:
+        """A ``previous_response_id`` continues a stored conversation (``store.py``)."""
+        call = self.call
+        parsed = translator.parse(call.body)
+        history: list[Message] = []
+        if parsed.previous_response_id:
+            require_model_key(call.principal)
+            history = await store_of(call.request).conversation(
+                parsed.previous_response_id, call.principal, call.request
+            )
+        return [translator.to_internal(parsed, call.body, history, session_header(call.request))]
+
+    def body(self, prep: Prepared, completions: list[Completion]) -> dict[str, Any]:
+        return translator.response_body(prep, completions[0], self.model)
+
+    def writer(self, prep: Prepared) -> StreamWriter:
+        return ResponsesStream(prep, self.model)
+
+    def recorded(self, prep: Prepared) -> Hook:
+        """The response is kept for ``previous_response_id`` and ``GET`` once recorded."""
+        call = self.call
+        store = store_of(call.request)
+
+        def remember(completions: list[Completion]) -> None:
+            sid = prep.session.session_id
+            output = output_json(completions[0])
+            store.remember(prep.interaction_id, call.principal.project_id, sid, call.body, output)
+
+        return remember
+
+
 @router.post("/v1/responses")
 @router.post("/responses", include_in_schema=False)
 async def create_response(request: Request) -> Response:
-    call = await open_call(request)
-    parsed = translator.parse(call.body)
-    store = store_of(request)
-    history: list[Message] = []
-    if parsed.previous_response_id:
-        require_model_key(call.principal)
-        history = await store.conversation(parsed.previous_response_id, call.principal, request)
-    req = translator.to_internal(parsed, call.body, history, session_header(request))
-    prep = await call.prepare(req, translator.ID_PREFIX)
-
-    def remember(completions: list[Completion]) -> None:
-        sid = prep.session.session_id
-        output = output_json(completions[0])
-        store.remember(prep.interaction_id, call.principal.project_id, sid, call.body, output)
-
-    return await respond(
-        call,
-        prep,
-        lambda completions: translator.response_body(prep, completions[0], call.model),
-        lambda: ResponsesStream(prep, call.model),
-        remember,
-    )
+    return await Responses.handle(request)
 
 
 @router.get("/v1/responses/{response_id}")

@@ -21,7 +21,7 @@ from core.errors import APIError
 from gateway.api.openai_responses.translator import history_turn
 from gateway.auth import Principal
 from gateway.request import Message
-from gateway.routing import gw_of
+from gateway.request_context import gw_of
 from gateway.waits import locate
 from schemas.tables import InteractionRow
 

@@ -10,8 +10,8 @@ from core.errors import APIError
 from gateway.api.base import sse_event
 from gateway.api.openai_responses.protocol import call_item, message_item, new_id, reasoning_item
 from gateway.api.openai_responses.translator import namespaces, response_object
+from gateway.pipeline import Prepared, StreamEvent
 from gateway.request import Completion, ToolCallOut
-from gateway.service import Prepared, StreamEvent
 
 
 class _Items:
@@ -111,7 +111,7 @@ class _Items:
 
 
 class ResponsesStream:
-    """A ``base.StreamWriter`` for ``POST /v1/responses`` with ``stream: true``."""
+    """A ``handler.StreamWriter`` for ``POST /v1/responses`` with ``stream: true``."""
 
     def __init__(self, prep: Prepared, model: str) -> None:
         self.prep = prep

@@ -29,11 +29,12 @@ from gateway.api.openai_responses.protocol import (
     response_json,
 )
 from gateway.errors import bad_request
+from gateway.pipeline import Prepared
 from gateway.request import Completion, GenerationRequest, Message, Sampling, Tool, ToolCallOut
-from gateway.service import Prepared
 from gateway.structured import openai_format
+from schemas.atdp import ClientProtocol
 
-PROTOCOL = "openai-responses"
+PROTOCOL = ClientProtocol.openai_responses
 ID_PREFIX = "resp_"
 
 
@@ -191,6 +192,7 @@ def to_internal(
     sampling = Sampling(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
+        min_p=req.min_p or 0.0,
         max_tokens=req.max_output_tokens,
         json_schema=openai_format((req.text or {}).get("format"), "text.format", nested=False),
         frequency_penalty=req.frequency_penalty or 0.0,

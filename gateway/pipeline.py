@@ -7,7 +7,6 @@ everything token-exact, durable or session-related happens here, once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
@@ -19,7 +18,6 @@ from core.errors import APIError
 from gateway.adapter_leases import Leases
 from gateway.auth import Principal, require_model_key
 from gateway.engine_client import AdapterNotLoaded, EngineClient
-from gateway.errors import bad_request
 from gateway.forced_tools import forced_grammar
 from gateway.generation import (
     Prepared,
@@ -30,6 +28,7 @@ from gateway.generation import (
     interaction_record,
 )
 from gateway.metrics import Metrics
+from gateway.output_limit import output_limit
 from gateway.parsing import TOOL_PARSERS, StreamingParser
 from gateway.recorder import Recorder
 from gateway.redaction import RedactionPolicy
@@ -40,38 +39,9 @@ from gateway.sessions import SessionStore
 from gateway.templating import ChatRenderer, check_prompt_chars
 from schemas.coltypes import utcnow
 
-__all__ = ["Pipeline", "Prepared", "StreamEvent", "open_stream", "replay"]
+__all__ = ["Pipeline", "Prepared", "StreamEvent"]
 
 log = logging.getLogger("rlgate.gateway")
-
-
-async def open_stream(pipeline: Pipeline, prep: Prepared) -> tuple[Any, StreamEvent | None]:
-    """Start generating before any response byte is sent, so an engine that is down or a
-    request it refuses still gets a proper HTTP error instead of a broken 200 stream.
-    Returns the event stream and its first event; pass both to ``replay``."""
-    for attempt in (0, 1):
-        events = pipeline.stream(prep)
-        try:
-            first = await events.__anext__()
-        except StopAsyncIteration:
-            return events, None
-        except BaseException as e:
-            await events.aclose()
-            if attempt == 0 and await pipeline.adapter_moved_on(prep, e):
-                continue  # nothing was generated or sent: retry on the new version
-            raise
-        return events, first
-    raise AssertionError("unreachable")
-
-
-async def replay(first: StreamEvent | None, events: Any) -> AsyncIterator[StreamEvent]:
-    """The first event again, then the rest; closing this closes ``events`` (which aborts
-    the engine requests and records what the client got)."""
-    async with contextlib.aclosing(events):
-        if first is not None:
-            yield first
-        async for ev in events:
-            yield ev
 
 
 def _keep_streamed_ids(done: Completion, streamed: list[ToolCallOut]) -> None:
@@ -153,30 +123,24 @@ class Pipeline:
         )
         return ids
 
-    async def prepare(self, p: Principal, req: GenerationRequest, prefix: str) -> Prepared:
+    async def prepare(
+        self, p: Principal, req: GenerationRequest, prefix: str, *, fit_max_tokens: bool = False
+    ) -> Prepared:
+        """The call made ready to generate: its prompt rendered and tokenized (once), its
+        output limit (``output_limit``; ``fit_max_tokens``: the client's limit is an upper
+        bound), its session and the serving adapter."""
         require_model_key(p)
         forced = forced_grammar(req, self.tool_parser)
         self.recorder.admit()  # 503 while the recording backlog is over its cap
         ids = await self.prompt_ids(req)
-        ctx_len = self.renderer.context_length
-        where = "messages" if req.raw_prompt is None else "prompt"
-        if len(ids) >= ctx_len:
-            raise bad_request(
-                f"the prompt is {len(ids)} tokens but the model's context is {ctx_len} tokens; "
-                "shorten the conversation, serve a policy with a longer context, or trim the "
-                "client's own prompt (docs/clients/ in the rlgate repository has trimmed "
-                "configurations for Claude Code, OpenClaw and Codex)",
-                where,
-            )
-        room = ctx_len - len(ids)
-        max_tokens = req.sampling.max_tokens or min(room, self.default_max_tokens or room)
-        if len(ids) + max_tokens > ctx_len:
-            raise bad_request(
-                f"this model's maximum context length is {ctx_len} tokens; you requested "
-                f"{len(ids) + max_tokens} ({len(ids)} in the {where}, {max_tokens} for the "
-                f"completion); reduce max_tokens or the {where}",
-                "max_tokens",
-            )
+        limit = output_limit(
+            req.sampling.max_tokens,
+            len(ids),
+            self.renderer.context_length,
+            self.default_max_tokens,
+            fit=fit_max_tokens,
+            where="messages" if req.raw_prompt is None else "prompt",
+        )
         agent = req.metadata.get("agent_name") if isinstance(req.metadata, dict) else None
         args = (p, req.messages, req.protocol, req.session_hint, agent)
         if self.sessions.needs_db(p, req.messages, req.session_hint):
@@ -192,7 +156,7 @@ class Pipeline:
             session=session,
             prompt_ids=ids,
             adapter=adapter,
-            max_tokens=max_tokens,
+            limit=limit,
             interaction_id=f"{prefix}{secrets.token_hex(12)}",
             forced_tools=forced,
         )

@@ -1,0 +1,204 @@
+"""The one way a model call is served (as SGLang's ``OpenAIServingBase`` and vLLM's serving
+classes): a route hands its request to ``ApiHandler.handle``, which runs
+
+    open the call (caller, JSON body) -> to_internal (the API's validation and translation)
+    -> prepare (the pipeline: prompt rendered and tokenized once, output limit, session,
+    adapter) -> generate and answer: JSON of the recorded choices, or a stream driven
+    through the API's ``StreamWriter`` (``write_stream``).
+
+Each API subclasses ``ApiHandler`` in its ``router.py`` and fills the hooks: ``to_internal``,
+``body``, ``writer`` and, if it keeps something once a call is recorded, ``recorded``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from core.errors import APIError
+from gateway.auth import Principal
+from gateway.pipeline import Pipeline, Prepared, StreamEvent
+from gateway.request import Completion, GenerationRequest
+from gateway.request_context import gw_of, headers_for, principal, read_json
+from gateway.retries import client_attempt
+from gateway.state import Gateway
+
+Hook = Callable[[list[Completion]], None]
+
+
+class StreamWriter(Protocol):
+    """One API's server-sent events for one stream (``write_stream`` drives it)."""
+
+    def start(self) -> list[bytes]: ...
+
+    def event(self, ev: StreamEvent) -> list[bytes]: ...
+
+    def error(self, e: APIError) -> list[bytes]: ...
+
+    def close(self, finished: list[Completion]) -> list[bytes]:
+        """The last bytes before the record is made durable."""
+        ...
+
+    def end(self, finished: list[Completion]) -> list[bytes]:
+        """The stream's end, sent once the record is durable."""
+        ...
+
+
+async def open_stream(pipeline: Pipeline, prep: Prepared) -> tuple[Any, StreamEvent | None]:
+    """Start generating before any response byte is sent, so an engine that is down or a
+    request it refuses still gets a proper HTTP error instead of a broken 200 stream.
+    Returns the event stream and its first event; pass both to ``replay``."""
+    for attempt in (0, 1):
+        events = pipeline.stream(prep)
+        try:
+            first = await events.__anext__()
+        except StopAsyncIteration:
+            return events, None
+        except BaseException as e:
+            await events.aclose()
+            if attempt == 0 and await pipeline.adapter_moved_on(prep, e):
+                continue  # nothing was generated or sent: retry on the new version
+            raise
+        return events, first
+    raise AssertionError("unreachable")
+
+
+async def replay(first: StreamEvent | None, events: Any) -> AsyncIterator[StreamEvent]:
+    """The first event again, then the rest; closing this closes ``events`` (which aborts
+    the engine requests and records what the client got)."""
+    async with contextlib.aclosing(events):
+        if first is not None:
+            yield first
+        async for ev in events:
+            yield ev
+
+
+async def write_stream(
+    pipeline: Any,
+    prep: Prepared,
+    events: Any,
+    first: StreamEvent | None,
+    writer: StreamWriter,
+    on_recorded: Hook | None = None,
+) -> AsyncIterator[bytes]:
+    """The body of a stream: the writer's bytes for each event; after the last event, the
+    pipeline records the choices (``Pipeline.finish_stream``, then ``on_recorded``) before
+    the writer's end is sent. An APIError while generating ends the stream with the
+    writer's error event (what was generated is recorded as ``abort`` by the pipeline)."""
+    for chunk in writer.start():
+        yield chunk
+    finished: list[Completion] = []
+    try:
+        async with contextlib.aclosing(replay(first, events)) as evs:
+            async for ev in evs:
+                for chunk in writer.event(ev):
+                    yield chunk
+                if ev.finished:
+                    finished.append(ev.finished)
+    except APIError as e:
+        for chunk in writer.error(e):
+            yield chunk
+        return
+    finished.sort(key=lambda c: c.index)
+    for chunk in writer.close(finished):
+        yield chunk
+    if not finished:  # pragma: no cover - the pipeline always ends with a final event
+        return
+    await pipeline.finish_stream(prep, finished, on_recorded)
+    for chunk in writer.end(finished):
+        yield chunk
+
+
+@dataclass
+class Call:
+    """One model call as a handler sees it: the gateway, the caller and the JSON body."""
+
+    request: Request
+    gw: Gateway
+    principal: Principal
+    body: Any
+
+    @property
+    def model(self) -> str:
+        return self.gw.settings.served_model_name
+
+
+async def open_call(request: Request) -> Call:
+    """The gateway, the caller (401 without a valid key) and the JSON body (400)."""
+    gw = gw_of(request)
+    p = await principal(request)
+    return Call(request, gw, p, await read_json(request))
+
+
+class ApiHandler:
+    """One API's model calls. ``handle`` is the whole route; a subclass gives its
+    interaction id prefix, whether a client's output limit is an upper bound
+    (``FIT_MAX_TOKENS``, gateway/output_limit.py) and the hooks."""
+
+    ID_PREFIX: ClassVar[str]
+    FIT_MAX_TOKENS: ClassVar[bool] = False
+
+    def __init__(self, call: Call) -> None:
+        self.call = call
+        self.pipeline: Pipeline = call.gw.pipeline
+        self.tokenizer = call.gw.tokenizer
+        self.model = call.model
+
+    @classmethod
+    async def handle(cls, request: Request) -> Response:
+        handler = cls(await open_call(request))
+        preps = [await handler.prepare(r) for r in await handler.to_internal()]
+        return await handler.answer(preps)
+
+    async def prepare(self, req: GenerationRequest) -> Prepared:
+        prep = await self.pipeline.prepare(
+            self.call.principal, req, self.ID_PREFIX, fit_max_tokens=self.FIT_MAX_TOKENS
+        )
+        prep.attempt = client_attempt(self.call.request.headers)
+        return prep
+
+    # ---- the hooks ---------------------------------------------------------------------
+
+    async def to_internal(self) -> list[GenerationRequest]:
+        """The call's body validated and translated: one request (several only for the
+        Completions API's prompts)."""
+        raise NotImplementedError
+
+    def body(self, prep: Prepared, completions: list[Completion]) -> dict[str, Any]:
+        """The JSON answer of the recorded choices."""
+        raise NotImplementedError
+
+    def writer(self, prep: Prepared) -> StreamWriter:
+        """The stream's events, for ``stream: true``."""
+        raise NotImplementedError
+
+    def recorded(self, prep: Prepared) -> Hook | None:
+        """Run once the choices are recorded, before the answer ends (None: nothing)."""
+        return None
+
+    # ---- the answer --------------------------------------------------------------------
+
+    async def answer(self, preps: list[Prepared]) -> Response:
+        """``body`` of the recorded choices as JSON, or for a stream the events of
+        ``writer``. Generation starts before any byte is sent, so an engine that is down
+        still gets a proper HTTP error."""
+        (prep,) = preps
+        hook = self.recorded(prep)
+        if prep.req.stream:
+            events, first = await open_stream(self.pipeline, prep)
+            return StreamingResponse(
+                write_stream(self.pipeline, prep, events, first, self.writer(prep), hook),
+                media_type="text/event-stream",
+                headers={**headers_for(prep), "Cache-Control": "no-cache"},
+            )
+        completions = await self.pipeline.complete(prep, hook)
+        return JSONResponse(self.body(prep, completions), headers=headers_for(prep))
+
+    def session_header(self) -> str | None:
+        """The client's session id header (``X-Session-Id``)."""
+        return self.call.request.headers.get("x-session-id")
