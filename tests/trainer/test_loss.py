@@ -9,7 +9,7 @@ import torch
 
 from trainer.loss import LossConfig, ppo_loss, token_logprobs
 
-NO_IW = LossConfig(behav_weight_cap=None, band_low=None, band_high=None)
+NO_IW = LossConfig(behav_weight_cap=None, band_low=None, band_high=None, kl_coef=0.0)
 L = math.log
 
 
