@@ -1,9 +1,9 @@
 """Which reward sources run for a session, looked up by name only.
 
 Reward sources are registered once each (trainer/reward_registry.py: the built-in answer
-verifiers ``exact_number``, ``contains``, ``command`` of trainer/builtin_verifiers.py and
-the LLM judge) or installed as Python entry points in the group ``rlgate.verifiers`` (an
-answer verifier, any plain-JSON parameters); no setting or metadata names a module or
+verifiers of trainer/builtin_verifiers.py and the LLM judge) or installed as Python entry
+points in the group ``rlgate.verifiers`` (an answer verifier, any plain-JSON parameters);
+no setting or metadata names a module or
 function to import. The answer verifiers also score the eval gate's held-out prompts
 (trainer/eval_gate.py).
 
