@@ -12,6 +12,7 @@ plain data: a verifier that runs a program or calls a service names an operator 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -128,3 +129,34 @@ def run_command(grant: CommandGrant, ctx: VerifierContext, answer: Interaction) 
         log.info("command verifier timed out after %.0fs for %s", grant.timeout_s, answer.id)
         return -1.0
     return 1.0 if rc == 0 else -1.0
+
+
+MAX_REQUIRED_KEYS = 32
+
+
+def _check_required_keys(spec: dict[str, object], where: str) -> None:
+    keys = spec.get("require_keys")
+    if keys is None:
+        return
+    ok = isinstance(keys, list) and len(keys) <= MAX_REQUIRED_KEYS
+    if not ok or not all(isinstance(k, str) and 0 < len(k) <= 128 for k in keys):  # type: ignore[union-attr]
+        raise ValueError(
+            f"{where}.require_keys must be a list of at most {MAX_REQUIRED_KEYS} key names"
+        )
+
+
+@answer_verifier(SOURCES, "json_valid", ("require_keys",), check=_check_required_keys)
+def json_valid(ctx: VerifierContext, answer: Interaction) -> float | None:
+    """+1 when the answer (optionally inside one fenced code block) is valid JSON and, with
+    ``require_keys``, an object holding each of those keys; else -1."""
+    text = (answer.output.text or "").strip()
+    if text.startswith("```") and text.endswith("```") and "\n" in text:
+        text = text[text.index("\n") + 1 : -3].strip()
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return -1.0
+    keys = ctx.config.get("require_keys") or []
+    if keys and not (isinstance(value, dict) and all(k in value for k in keys)):
+        return -1.0
+    return 1.0
