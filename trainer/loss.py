@@ -7,6 +7,7 @@ Three policies meet here, per sampled token:
 
     ratio   = pi_theta / pi_prox                  clipped to [1 - eps_low, 1 + eps_high]
     pg      = max(-A * ratio, -A * clip(ratio))   (PPO's pessimistic bound)
+              with dual_clip c, for A < 0: min(pg, -A * c)   (dual-clip PPO)
     w       = pi_prox / mu                        behaviour importance weight (no gradient)
     keep    = band_low <= w <= band_high          tokens outside the band are masked (IcePop)
     loss_t  = min(w, w_cap) * pg * keep  +  kl_coef * k3(pi_theta || pi_base)
@@ -62,6 +63,11 @@ class LossConfig:
         bounds=(0.0, 20.0),  # nats; ln(vocab) is ~11 for a 49k vocabulary
         help="with entropy_coef: the bonus acts only while the mean entropy is below this",
     )
+    dual_clip: float | None = knob(
+        None,
+        bounds=(1.0, 100.0),
+        help="dual-clip PPO: for A < 0 a token's loss is at most dual_clip x abs(A) (null: off)",
+    )
     aggregation: str = knob(
         "token-mean",
         choices=("token-mean", "seq-mean"),
@@ -111,6 +117,11 @@ def ppo_loss(
     clipped = ratio.clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
     pg1, pg2 = -adv * ratio, -adv * clipped
     pg = torch.maximum(pg1, pg2)
+    dual = torch.zeros_like(mask)
+    if cfg.dual_clip is not None:  # bound the loss of a very unlikely token with A < 0
+        cap = -adv * cfg.dual_clip
+        dual = (adv < 0) & (pg > cap) & mask
+        pg = torch.where(adv < 0, torch.minimum(pg, cap), pg)
 
     w = torch.exp(prox_logp - behav_logp)
     keep = mask.clone()
@@ -146,6 +157,7 @@ def ppo_loss(
     with torch.no_grad():
         metrics = loss_metrics(  # each named in trainer/metrics.py
             clip_frac=float(((pg2 > pg1) & mask).float().sum() / n),
+            dual_clip_frac=float(dual.float().sum() / n),
             ratio_mean=float((ratio * m).sum() / n),
             iw_mean=float((w * m).sum() / n),
             iw_max=float(w[mask].max()) if mask.any() else 0.0,
