@@ -158,6 +158,7 @@ def run_verifiers(
             stored += _rate_session(factory, session, interactions, spec, source, deadline)  # type: ignore[arg-type]
             continue
         fn = source.score
+        assert fn is not None  # a source has a runner (checked above)
         ctx = VerifierContext(session, interactions, spec)  # type: ignore[arg-type]
         for answer in final:
             try:

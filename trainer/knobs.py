@@ -37,10 +37,6 @@ def knob(
     return field(default=default, metadata=meta)
 
 
-def knob_fields(cls: type) -> list[Field[Any]]:
-    return list(fields(cls))
-
-
 def bounds_of(cls: type) -> dict[str, Bounds]:
     """Each number knob's (min, max), both ends inclusive."""
     return {f.name: f.metadata["bounds"] for f in fields(cls) if f.metadata.get("bounds")}
