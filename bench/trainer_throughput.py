@@ -51,7 +51,7 @@ def batch(n: int, seed: int = 0, group: int = 1) -> list[Sample]:
 
 
 def naive_step(policy: Policy, opt, samples: list[Sample], cfg: TrainConfig, bs: int) -> None:  # type: ignore[no-untyped-def]
-    model, loss_cfg = policy.model, cfg.loss_config()
+    model, loss_cfg = policy.model, cfg  # a TrainConfig is the LossConfig
     n_tok = float(sum(len(s.completion_ids) for s in samples))
     opt.zero_grad()
     for i in range(0, len(samples), bs):

@@ -16,9 +16,11 @@ from core.keys import audit
 from core.settings import Settings
 from schemas.tables import FeedbackRow
 from trainer import hooks
+from trainer.metrics import CHARTS
 from trainer.publish import PublishError
 
 __all__ = [
+    "CHARTS",
     "PublishError",
     "after_feedback",
     "check_training",

@@ -1,18 +1,23 @@
-"""Training configuration: defaults here, per-project overrides in
-``Project.settings["training"]`` (any field below, same name).
+"""Training configuration: every knob is one field of :class:`TrainConfig` (the loss's
+are inherited from ``LossConfig`` in trainer/loss.py), declared with ``knob()``
+(trainer/knobs.py): its default, its range (``bounds``) or ``choices``, and its help.
+Per-project overrides live in ``Project.settings["training"]`` (any field, same name; the
+stored format is flat).
 
 Every override is checked before it is stored (admin API) and when a run loads it: the
-field's type, its range in :data:`BOUNDS` (every number field has one), the choices and
-lists below, the run-size limits, and ``eval_gate``'s own schema (trainer/eval_gate.py).
-docs/trainer.md has the table.
+field's type, its range (:data:`BOUNDS` and :data:`CHOICES` derive from the fields), the
+list rules below, the run-size limits, and ``eval_gate``'s own schema
+(trainer/eval_gate.py). docs/trainer.md's settings table is :func:`settings_table`'s output
+(``python -m trainer.config``; a test keeps them equal).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from engine.lora import DEFAULT_TARGET_MODULES
+from trainer.knobs import bounds_of, choices_of, knob, knob_table
 from trainer.loss import LossConfig
 
 
@@ -20,114 +25,119 @@ class TrainConfigError(ValueError):
     """A training setting that cannot work; the message says what to change."""
 
 
-# Allowed range of every number field, (min, max) inclusive; a null is allowed only where
-# the field's type says ``| None``. Generous for real use, small enough that one project
-# cannot tie up the shared trainer. A new number field needs an entry here
-# (tests/trainer/test_config_bounds.py checks it).
-BOUNDS: dict[str, tuple[float, float]] = {
-    "schedule_minutes": (0.05, 10_080.0),  # 3 s .. one week
-    "threshold": (1, 100_000),
-    "min_samples": (1, 100_000),
-    "max_staleness": (0, 1_000),
-    "max_samples": (1, 8_192),
-    "baseline_alpha": (0.0, 1.0),
-    "eps_low": (0.0, 1.0),
-    "eps_high": (0.0, 10.0),
-    "behav_weight_cap": (1.0, 10_000.0),
-    "band_low": (0.0, 1.0),
-    "band_high": (1.0, 10_000.0),
-    "kl_coef": (0.0, 10.0),
-    "entropy_coef": (0.0, 10.0),
-    "entropy_floor": (0.0, 20.0),  # nats; ln(vocab) is ~11 for a 49k vocabulary
-    "kl_prox_target": (1e-6, 10.0),
-    "lr": (0.0, 1.0),
-    "weight_decay": (0.0, 10.0),
-    "max_grad_norm": (0.0, 10_000.0),
-    "epochs": (1, 20),
-    "num_minibatches": (1, 256),
-    "micro_batch_tokens": (64, 65_536),
-    "seed": (0, 2**31 - 1),
-    "lora_rank": (1, 256),
-    "lora_alpha": (0.0, 4_096.0),
-    "lora_dropout": (0.0, 0.9),
-    "max_lora_rank": (1, 256),
-    "heartbeat_s": (0.1, 300.0),
-    "stale_after_s": (1.0, 86_400.0),
-    "step_delay_s": (0.0, 300.0),
-    "guard_min_samples": (2, 10_000),
-    "guard_alpha": (1e-12, 0.49),
-    "guard_reward_margin": (0.0, 2.0),
-    "guard_window": (1, 100),
-    "guard_min_diversity": (0.0, 1.0),
-    "guard_min_entropy": (0.0, 20.0),
-    "guard_max_zero_variance": (0.0, 1.0),
-}
-CHOICES: dict[str, tuple[str, ...]] = {"aggregation": ("token-mean", "seq-mean")}
 MAX_SAMPLE_PASSES = 32_768  # epochs x max_samples: forward/backward passes of one run
 MAX_STEP_DELAY_TOTAL_S = 600.0  # step_delay_s x epochs x num_minibatches
 
 
+# Ranges are generous for real use, small enough that one project cannot tie up the shared
+# trainer. Every number knob has ``bounds`` (tests/trainer/test_config_bounds.py checks it).
 @dataclass
-class TrainConfig:
+class TrainConfig(LossConfig):
+    """Every training knob: the loss's (inherited from :class:`LossConfig`) and these."""
+
     # triggers
-    schedule_minutes: float = 30.0  # beat: train at most this often (>= 1 sample)
-    threshold: int = 64  # train early once this many fresh rated samples wait
-    min_samples: int = 1  # a scheduled run needs at least this many
+    schedule_minutes: float = knob(
+        30.0, bounds=(0.05, 10_080.0), help="beat: train at most this often (>= 1 sample)"
+    )
+    threshold: int = knob(
+        64, bounds=(1, 100_000), help="train early once this many fresh rated samples wait"
+    )
+    min_samples: int = knob(1, bounds=(1, 100_000), help="a scheduled run needs at least this many")
     # data
-    max_staleness: int = 2  # policy versions a sample may lag the serving one
-    max_samples: int = 1024  # per run, oldest first
-    group_by_prompt: bool = True  # same prompt ids = one group (besides group_id)
-    # forward the turns of a session that extend each other token-exactly as one sequence
-    # (trainer/merge.py); the loss is the same either way, only the forward is cheaper
-    merge_turns: bool = True
+    max_staleness: int = knob(
+        2, bounds=(0, 1_000), help="policy versions a sample may lag the serving one"
+    )
+    max_samples: int = knob(1024, bounds=(1, 8_192), help="samples per run, oldest first")
+    group_by_prompt: bool = knob(True, help="same prompt ids are one group (besides group_id)")
+    merge_turns: bool = knob(
+        True,
+        help="forward the turns of a session that extend each other token-exactly as one "
+        "sequence (trainer/merge.py); the loss is the same, the forward cheaper",
+    )
     # advantages
-    std_normalize: bool = True
-    leave_one_out: bool = False
-    baseline_alpha: float = 0.1  # EMA step of the per-task running baseline
-    # loss
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    behav_weight_cap: float | None = 5.0
-    band_low: float | None = 0.5
-    band_high: float | None = 2.0
-    kl_coef: float = 0.02  # k3 KL to the base model (adapter off): keeps the policy near it
-    entropy_coef: float = 0.0  # entropy bonus (full-distribution entropy at sampled positions)
-    entropy_floor: float | None = None  # with entropy_coef: the bonus acts only below this
-    aggregation: str = "token-mean"
-    # trust region: stop a run's optimizer steps once the approximate KL(pi_prox || pi_theta)
-    # of the next minibatch exceeds this (None: every step runs)
-    kl_prox_target: float | None = 0.02
+    std_normalize: bool = knob(True, help="divide a group's advantages by its reward std")
+    leave_one_out: bool = knob(False, help="a group's baseline leaves the sample out")
+    baseline_alpha: float = knob(
+        0.1, bounds=(0.0, 1.0), help="EMA step of the per-task running baseline (singletons)"
+    )
+    # trust region
+    kl_prox_target: float | None = knob(
+        0.02,
+        bounds=(1e-6, 10.0),
+        help="stop a run's steps once the next minibatch's KL of pi_prox to pi_theta exceeds "
+        "this (null: every step runs)",
+    )
     # optimization
-    lr: float = 1e-4  # LoRA (typical 1e-4..2e-4); the trust region bounds each run's move
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: float = 1.0
-    epochs: int = 1
-    num_minibatches: int = 4  # optimizer steps per epoch: > 1 so the PPO clip can act
-    micro_batch_tokens: int = 2048  # rows x longest sample of one forward (memory bound)
-    seed: int = 0
+    lr: float = knob(1e-4, bounds=(0.0, 1.0), help="learning rate (LoRA: typical 1e-4..2e-4)")
+    weight_decay: float = knob(0.0, bounds=(0.0, 10.0), help="AdamW weight decay")
+    betas: tuple[float, float] = knob(
+        (0.9, 0.999), rule="two numbers in [0, 1)", help="AdamW betas"
+    )
+    max_grad_norm: float = knob(1.0, bounds=(0.0, 10_000.0), help="gradient clipping norm")
+    epochs: int = knob(1, bounds=(1, 20), help="passes over a run's samples")
+    num_minibatches: int = knob(
+        4, bounds=(1, 256), help="optimizer steps per epoch: > 1 so the PPO clip can act"
+    )
+    micro_batch_tokens: int = knob(
+        2048, bounds=(64, 65_536), help="rows x longest sample of one forward (memory bound)"
+    )
+    seed: int = knob(0, bounds=(0, 2**31 - 1), help="minibatch shuffling seed")
     # LoRA (must fit the engine: rank <= --max-lora-rank, targets in --lora-target-modules)
-    lora_rank: int = 8
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: list(DEFAULT_TARGET_MODULES))
-    max_lora_rank: int = 64
-    warm_start: bool = True
+    lora_rank: int = knob(8, bounds=(1, 256), help="LoRA rank, <= max_lora_rank")
+    lora_alpha: float = knob(16.0, bounds=(0.0, 4_096.0), help="LoRA alpha")
+    lora_dropout: float = knob(0.0, bounds=(0.0, 0.9), help="LoRA dropout")
+    target_modules: list[str] = knob(
+        factory=lambda: list(DEFAULT_TARGET_MODULES),
+        rule="non-empty subset of the 7 projections",
+        help="the projections the adapter trains",
+    )
+    max_lora_rank: int = knob(64, bounds=(1, 256), help="the engine's --max-lora-rank")
+    warm_start: bool = knob(True, help="start from the serving adapter, not a fresh one")
     # runs
-    heartbeat_s: float = 5.0
-    stale_after_s: float = 120.0  # a 'running' run without heartbeat this long is taken over
-    step_delay_s: float = 0.0  # debugging/tests: sleep before each optimizer step
+    heartbeat_s: float = knob(5.0, bounds=(0.1, 300.0), help="a running run's heartbeat")
+    stale_after_s: float = knob(
+        120.0,
+        bounds=(1.0, 86_400.0),
+        help="a 'running' run without a heartbeat this long is taken over",
+    )
+    step_delay_s: float = knob(
+        0.0, bounds=(0.0, 300.0), help="debugging/tests: sleep before each optimizer step"
+    )
     # guards on the serving version's own traffic (trainer/guards.py)
-    guards: bool = True  # check before every run and on every beat tick; roll back on a trip
-    guard_min_samples: int = 8  # rated units (groups / singletons) per version compared
-    guard_alpha: float = 0.01  # one-sided Welch t-test level: serving worse than the best?
-    guard_reward_margin: float = 0.1  # ... and worse by at least this much (reward scale)
-    guard_window: int = 10  # how many versions before the serving one are compared
-    guard_min_diversity: float = 0.2  # distinct answers / n per group (mean), below = collapse
-    guard_min_entropy: float = 0.05  # mean -logprob per sampled token (T > 0), below = collapse
-    guard_max_zero_variance: float = 0.8  # share of groups with one reward, above = collapse
+    guards: bool = knob(
+        True, help="check before every run and on every beat tick; roll back on a trip"
+    )
+    guard_min_samples: int = knob(
+        8, bounds=(2, 10_000), help="rated units (groups / singletons) per version compared"
+    )
+    guard_alpha: float = knob(
+        0.01,
+        bounds=(1e-12, 0.49),
+        help="one-sided Welch t-test level: is serving worse than the best?",
+    )
+    guard_reward_margin: float = knob(
+        0.1, bounds=(0.0, 2.0), help="... and worse by at least this much (reward scale)"
+    )
+    guard_window: int = knob(
+        10, bounds=(1, 100), help="versions before the serving one that are compared"
+    )
+    guard_min_diversity: float = knob(
+        0.2, bounds=(0.0, 1.0), help="distinct answers / n per group (mean); below: collapse"
+    )
+    guard_min_entropy: float = knob(
+        0.05,
+        bounds=(0.0, 20.0),
+        help="mean -logprob per sampled token (T > 0); below: collapse",
+    )
+    guard_max_zero_variance: float = knob(
+        0.8, bounds=(0.0, 1.0), help="share of groups with one reward; above: collapse"
+    )
     # publishing
-    eval_gate: dict[str, Any] = field(default_factory=dict)  # trainer/eval_gate.py
+    eval_gate: dict[str, Any] = knob(
+        factory=dict,
+        rule="an object (see Eval gate)",
+        help="held-out prompts a candidate must pass (trainer/eval_gate.py)",
+    )
 
     @classmethod
     def from_project_settings(cls, project_settings: dict[str, Any] | None) -> TrainConfig:
@@ -157,28 +167,20 @@ class TrainConfig:
                 f"target_modules {sorted(self.target_modules)} must be a non-empty subset of "
                 f"{list(DEFAULT_TARGET_MODULES)}"
             )
-        if self.aggregation not in ("token-mean", "seq-mean"):
-            raise TrainConfigError("aggregation must be token-mean or seq-mean")
-        if self.max_staleness < 0 or self.epochs < 1 or self.num_minibatches < 1:
-            raise TrainConfigError("max_staleness >= 0, epochs >= 1, num_minibatches >= 1")
-
-    def loss_config(self) -> LossConfig:
-        return LossConfig(
-            eps_low=self.eps_low,
-            eps_high=self.eps_high,
-            behav_weight_cap=self.behav_weight_cap,
-            band_low=self.band_low,
-            band_high=self.band_high,
-            kl_coef=self.kl_coef,
-            entropy_coef=self.entropy_coef,
-            entropy_floor=self.entropy_floor,
-            aggregation=self.aggregation,
-        )
 
     def snapshot(self) -> dict[str, Any]:
         out = asdict(self)
         out["betas"] = list(self.betas)
         return out
+
+
+BOUNDS = bounds_of(TrainConfig)  # each number knob's (min, max), from its field
+CHOICES = choices_of(TrainConfig)
+
+
+def settings_table() -> str:
+    """The knob table of docs/trainer.md (``python -m trainer.config`` prints it)."""
+    return knob_table(TrainConfig)
 
 
 def _check_type(name: str, value: Any, annotation: str) -> None:
@@ -240,3 +242,7 @@ def _check_ranges(cfg: TrainConfig) -> None:
         EvalGate.parse(cfg.eval_gate)
     except GateConfigError as e:
         raise TrainConfigError(str(e)) from None
+
+
+if __name__ == "__main__":
+    print(settings_table(), end="")

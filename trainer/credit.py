@@ -151,20 +151,25 @@ def _lock_session(db: Session, session_id: str) -> None:
     )
 
 
+def session_turns(db: Session, session_id: str) -> list[Any]:
+    """The session's interactions in order: id, seq, group_id, reward, consumed_by_run_id
+    (what credit assignment and its explanation, trainer/credit_view.py, read)."""
+    q = select(
+        InteractionRow.id,
+        InteractionRow.seq,
+        InteractionRow.group_id,
+        InteractionRow.reward,
+        InteractionRow.consumed_by_run_id,
+    ).where(InteractionRow.session_id == session_id)
+    return list(db.execute(q.order_by(InteractionRow.seq)).all())
+
+
 def _assign_session(db: Session, session_id: str, cfg: CreditConfig) -> int:
     _lock_session(db, session_id)
     status = db.scalar(select(SessionRow.status).where(SessionRow.id == session_id))
     if status is None:
         return 0
-    rows = db.execute(
-        select(
-            InteractionRow.id,
-            InteractionRow.seq,
-            InteractionRow.group_id,
-            InteractionRow.reward,
-            InteractionRow.consumed_by_run_id,
-        ).where(InteractionRow.session_id == session_id)
-    ).all()
+    rows = session_turns(db, session_id)
     if not rows:
         return 0
     fb = db.execute(

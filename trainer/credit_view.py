@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from schemas.tables import FeedbackRow, InteractionRow, PolicyVersionRow, ProjectRow, SessionRow
-from trainer.credit import CreditConfig, Rating, aggregate, rater_key
+from trainer.credit import CreditConfig, Rating, aggregate, rater_key, session_turns
 
 
 def origin(row: FeedbackRow) -> str:
@@ -48,17 +48,7 @@ def session_credit(factory: sessionmaker[Session], session_id: str) -> dict[str,
             return None
         project = db.get(ProjectRow, srow.project_id)
         cfg = CreditConfig.of_project(project.settings if project is not None else None)
-        rows = db.execute(
-            select(
-                InteractionRow.id,
-                InteractionRow.seq,
-                InteractionRow.group_id,
-                InteractionRow.reward,
-                InteractionRow.consumed_by_run_id,
-            )
-            .where(InteractionRow.session_id == session_id)
-            .order_by(InteractionRow.seq)
-        ).all()
+        rows = session_turns(db, session_id)
         fb = list(db.scalars(select(FeedbackRow).where(FeedbackRow.session_id == session_id)))
         closed = srow.status != "open"
     by_target: dict[tuple[str, str], list[FeedbackRow]] = {}

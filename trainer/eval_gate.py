@@ -27,7 +27,8 @@ from typing import Any
 
 from core import engine_protocol as proto
 from trainer import verifier_specs
-from trainer.verifier_specs import SESSION_VERIFIERS, VerifierSpecError
+from trainer.reward_registry import rates_sessions
+from trainer.verifier_specs import VerifierSpecError
 
 DEFAULT_VERIFIER = "contains"
 MAX_PROMPTS = 64
@@ -129,7 +130,7 @@ class EvalGate:
         if not isinstance(enabled, bool):
             raise GateConfigError("eval_gate.enabled must be true or false")
         verifier = check_verifier_name(raw.get("verifier", DEFAULT_VERIFIER), "eval_gate.verifier")
-        if verifier in SESSION_VERIFIERS:
+        if rates_sessions(verifier):
             raise GateConfigError(
                 f"eval_gate.verifier: {verifier!r} rates whole sessions, not one answer; "
                 "name a verifier that scores an answer (e.g. 'contains')"

@@ -11,8 +11,10 @@
   (trainer/verifiers.py): one answer -> one session-level feedback; an n>1 final turn ->
   one interaction feedback per member. Feedback has ``source="verifier"``,
   ``rater=<verifier name>`` and an idempotency key, so a redelivered task does not rate
-  twice. A ``judge`` spec runs the LLM judge instead (trainer/judge_run.py), whose
-  feedback has ``source="judge"``.
+  twice. A spec whose registration rates whole sessions (``rate_session``: the LLM judge,
+  trainer/judge_run.py) runs that instead, with its ``feedback_source`` (``judge``).
+  Nothing here names a verifier: each spec runs as its registration says
+  (trainer/reward_registry.py).
 
 The gateway reaches these through trainer/api.py only. Feedback rows are written by
 core/feedback.py for every source.
@@ -40,8 +42,8 @@ from schemas.atdp import Session as SessionRecord
 from schemas.convert import to_record
 from schemas.tables import FeedbackRow, InteractionRow, ProjectRow, SessionRow
 from trainer.credit import assign_rewards_tx
-from trainer.verifier_specs import SESSION_VERIFIERS
-from trainer.verifiers import VerifierContext, configured_verifiers, get_verifier
+from trainer.reward_source import RewardSource
+from trainer.verifiers import VerifierContext, configured_verifiers, get_source
 
 log = logging.getLogger("rlgate.verifiers")
 feedback_log = logging.getLogger("rlgate.feedback")
@@ -148,13 +150,15 @@ def run_verifiers(
     stored = []
     for spec in configured_verifiers(settings, session.metadata or {}):
         name = spec["name"]
-        if name in SESSION_VERIFIERS:  # the LLM judge rates whole sessions and groups
-            stored += _run_judge(factory, session, interactions, spec, deadline)  # type: ignore[arg-type]
-            continue
-        fn = get_verifier(name)
-        if fn is None:
+        source = get_source(name)
+        if source is None or (source.score is None and source.rate_session is None):
             log.warning("unknown verifier %r for session %s", name, session_id)
             continue
+        if source.rate_session is not None:  # e.g. the LLM judge: whole sessions and groups
+            stored += _rate_session(factory, session, interactions, spec, source, deadline)  # type: ignore[arg-type]
+            continue
+        fn = source.score
+        assert fn is not None  # a source has a runner (checked above)
         ctx = VerifierContext(session, interactions, spec)  # type: ignore[arg-type]
         for answer in final:
             try:
@@ -176,7 +180,7 @@ def run_verifiers(
                 scale_min=-1.0,
                 scale_max=1.0,
                 reward=score,
-                source="verifier",
+                source=source.feedback_source,
                 rater=name,
                 idempotency_key=f"verifier:{name}:{ref}",
             )
@@ -194,31 +198,33 @@ def run_verifiers(
     return stored
 
 
-def _run_judge(
+def _rate_session(
     factory: sessionmaker[Session],
     session: SessionRecord,
     interactions: list[Interaction],
     spec: dict[str, Any],
+    source: RewardSource,
     deadline: float | None = None,
 ) -> list[dict[str, Any]]:
-    """The LLM judge (trainer/judge_run.py); its feedback goes through the same store and
-    after-feedback path as a verifier's. A failure is logged, never raised."""
-    from trainer.judge_run import run_judge
+    """A source that rates whole sessions (the LLM judge, trainer/judge_run.py); its
+    feedback goes through the same store and after-feedback path as a verifier's. A
+    failure is logged, never raised."""
+    assert source.rate_session is not None
 
     def store(inp: FeedbackInput) -> dict[str, Any] | None:
-        try:  # the judge names targets of this project only (siblings of the session)
+        try:  # the source names targets of this project only (siblings of the session)
             row, replayed = store_feedback(factory, inp, Scope(session.project_id), wait_s=0)
             if not replayed:
                 after_feedback(factory, row)
             return feedback_json(row)
         except Exception as e:  # e.g. 409: a redelivered task judged differently
-            log.warning("judge feedback on %s not stored: %s", inp.ref, e)
+            log.warning("%s feedback on %s not stored: %s", source.name, inp.ref, e)
             return None
 
     try:
-        return run_judge(factory, session, interactions, spec, store, deadline)
+        return source.rate_session(factory, session, interactions, spec, store, deadline)
     except Exception:
-        log.exception("judge failed on session %s", session.id)
+        log.exception("%s failed on session %s", source.name, session.id)
         return []
 
 

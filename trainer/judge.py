@@ -6,7 +6,9 @@ The operator grants judges in its configuration (``[judges.<name>]``, core/grant
 the model, the URL, the variable holding the key, and the caps each project gets (one
 call's ``timeout_s``, ``retries``, ``calls_per_hour``, ``seconds_per_hour``,
 ``usd_per_hour``). A project's ``settings["verifiers"]`` names one and sets only inert
-choices (checked by trainer/verifier_specs.py; none come from session metadata)::
+choices (declared below, :data:`JUDGE_PARAMS` and :func:`check_judge_params`; the
+registration that ties them to the runner is trainer/judge_run.py ``JUDGE``; none come
+from session metadata)::
 
     {"name": "judge", "judge": "mini", "mode": "group", "rubric": "...", "group_size": 4}
 
@@ -47,10 +49,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.feedback import FeedbackInput
+from core.grants import JudgeGrant
 from core.keys import hash_secret, new_id
 from schemas.coltypes import utcnow
 from schemas.tables import ApiKeyRow, FeedbackRow, JudgeCallRow
-from trainer.verifier_specs import judge_settings
 
 log = logging.getLogger("rlgate.judge")
 
@@ -61,6 +63,52 @@ BACKOFF_S = 1.0  # after a timeout or provider error: wait attempt x this before
 
 T = TypeVar("T")
 Store = Callable[[FeedbackInput], dict[str, Any] | None]
+
+
+# ---- the judge's parameters (its registration: trainer/judge_run.py JUDGE) -------------
+
+JUDGE_MODES = ("group", "session", "next_turn")
+MAX_RUBRIC_CHARS = 8000
+# number parameters: (lowest, highest, integer only, default)
+JUDGE_NUMBERS: dict[str, tuple[float, float, bool, float | None]] = {
+    "group_size": (2, 16, True, 4),
+    "temperature": (0, 2, False, 0.0),
+    "max_tokens": (16, 4096, True, 512),
+}
+# what a project admin sets: the operator's entry by name, and inert choices
+JUDGE_PARAMS = ("judge", "mode", "rubric", *JUDGE_NUMBERS)
+
+
+def check_judge_params(spec: dict[str, Any], where: str) -> None:
+    mode = spec.get("mode", "session")
+    if mode not in JUDGE_MODES:
+        raise ValueError(f"{where}.mode must be one of {list(JUDGE_MODES)}, not {mode!r}")
+    rubric = spec.get("rubric")
+    if rubric is not None and (
+        not isinstance(rubric, str) or not 0 < len(rubric) <= MAX_RUBRIC_CHARS
+    ):
+        raise ValueError(
+            f"{where}.rubric must be text of 1..{MAX_RUBRIC_CHARS} characters, "
+            f"not {type(rubric).__name__}"
+        )
+    for name, (low, high, integer, _) in JUDGE_NUMBERS.items():
+        value = spec.get(name)
+        if value is None:
+            continue
+        kind = int if integer else int | float
+        if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
+            what = "an integer" if integer else "a number"
+            raise ValueError(f"{where}.{name} must be {what} in {low}..{high}")
+
+
+def judge_settings(spec: dict[str, Any], grant: JudgeGrant) -> dict[str, Any]:
+    """A checked judge spec with every default filled in, over the operator's entry
+    (model, URL, key variable and caps come from the entry only)."""
+    out: dict[str, Any] = {"mode": "session", "rubric": None}
+    out.update({k: d for k, (_, _, _, d) in JUDGE_NUMBERS.items()})
+    out.update({k: v for k, v in spec.items() if k in JUDGE_PARAMS and v is not None})
+    out.update(grant.model_dump(exclude={"projects"}))
+    return out
 
 
 # ---- the call ----------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Running the LLM judge on a closed session (the verifier task's ``judge`` spec,
 trainer/hooks.py): which targets each mode judges, and the sibling sessions of a task
-for the ``group`` mode. The calls themselves are trainer/judge.py's."""
+for the ``group`` mode. The calls themselves are trainer/judge.py's. :data:`JUDGE` is the
+judge's one registration as a reward source (trainer/reward_registry.py collects it)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.feedback import FeedbackInput
-from core.grants import GrantError
-from schemas.atdp import Interaction
+from core.grants import GrantError, Grants, JudgeGrant
+from schemas.atdp import FeedbackSource, Interaction
 from schemas.atdp import Session as SessionRecord
 from schemas.convert import to_record
 from schemas.tables import InteractionRow, SessionRow
 from trainer import judge
 from trainer import judge_text as jt
+from trainer.reward_source import GrantRef, RewardSource
 
 log = logging.getLogger("rlgate.judge")
 
@@ -244,3 +246,17 @@ def judge_group(
         fb = store(_scored("group", target, ref, verdict, cfg["model"]))
         out += [fb] if fb else []
     return out
+
+
+# the judge as a reward source: rates whole sessions (never one answer, so never the eval
+# gate's verifier); every parameter is the project's to set (session metadata sets none);
+# the model, URL, key variable and caps are the operator's [judges.<name>] entry's
+JUDGE = RewardSource(
+    "judge",
+    judge.JUDGE_PARAMS,
+    rate_session=run_judge,
+    grant=GrantRef("judge", "judges", Grants.judge, JudgeGrant),
+    trusted_only=judge.JUDGE_PARAMS,
+    check=judge.check_judge_params,
+    feedback_source=FeedbackSource.judge,
+)

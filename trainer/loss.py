@@ -7,6 +7,7 @@ Three policies meet here, per sampled token:
 
     ratio   = pi_theta / pi_prox                  clipped to [1 - eps_low, 1 + eps_high]
     pg      = max(-A * ratio, -A * clip(ratio))   (PPO's pessimistic bound)
+              with dual_clip c, for A < 0: min(pg, -A * c)   (dual-clip PPO)
     w       = pi_prox / mu                        behaviour importance weight (no gradient)
     keep    = band_low <= w <= band_high          tokens outside the band are masked (IcePop)
     loss_t  = min(w, w_cap) * pg * keep  +  kl_coef * k3(pi_theta || pi_base)
@@ -16,7 +17,8 @@ Three policies meet here, per sampled token:
 Aggregation: ``token-mean`` divides the sum over sampled tokens by their number;
 ``seq-mean`` averages per sequence first, then over sequences. Masked tokens count in the
 denominators (they contribute zero), so masking never rescales the other tokens.
-Metrics: ``kl_prox`` (k3 of pi_prox vs pi_theta: how far this run has moved, the trust
+Knobs: :class:`LossConfig` (each with its default, range and help). Metrics: named in
+trainer/metrics.py; ``kl_prox`` (k3 of pi_prox vs pi_theta: how far this run has moved, the trust
 region's measure), ``masked_stale_frac`` / ``masked_mismatch_frac`` (masked tokens of rows
 sampled by another version / by the version being trained: engine-trainer mismatch).
 ``num_tokens`` / ``num_seqs`` let micro-batches share the normalizer of the whole batch.
@@ -28,18 +30,49 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer.knobs import knob
+from trainer.metrics import loss_metrics
 
-@dataclass(frozen=True)
+
+@dataclass
 class LossConfig:
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    behav_weight_cap: float | None = 5.0  # truncation of pi_prox / mu (None: off)
-    band_low: float | None = 0.5  # IcePop band on pi_prox / mu (None: no lower bound)
-    band_high: float | None = 2.0  # (None: no upper bound)
-    kl_coef: float = 0.0  # k3 KL to the base model (adapter disabled)
-    entropy_coef: float = 0.0
-    entropy_floor: float | None = None
-    aggregation: str = "token-mean"  # or "seq-mean"
+    """The loss's knobs, each declared once (trainer/knobs.py): its default, its range and
+    what it does. ``TrainConfig`` (trainer/config.py) inherits them, so a project sets
+    them in ``settings["training"]`` like any other knob. A new loss term: a knob here,
+    its term in :func:`ppo_loss`, and (if it reports one) its metric in trainer/metrics.py."""
+
+    eps_low: float = knob(0.2, bounds=(0.0, 1.0), help="PPO clip: ratio >= 1 - eps_low")
+    eps_high: float = knob(0.28, bounds=(0.0, 10.0), help="PPO clip: ratio <= 1 + eps_high")
+    behav_weight_cap: float | None = knob(
+        5.0, bounds=(1.0, 10_000.0), help="truncation of pi_prox / mu (null: none)"
+    )
+    band_low: float | None = knob(
+        0.5, bounds=(0.0, 1.0), help="IcePop band: mask tokens with pi_prox / mu below"
+    )
+    band_high: float | None = knob(
+        2.0, bounds=(1.0, 10_000.0), help="IcePop band: mask tokens with pi_prox / mu above"
+    )
+    kl_coef: float = knob(
+        0.02, bounds=(0.0, 10.0), help="k3 KL to the base model (adapter off): keeps it near"
+    )
+    entropy_coef: float = knob(
+        0.0, bounds=(0.0, 10.0), help="entropy bonus (full distribution at sampled positions)"
+    )
+    entropy_floor: float | None = knob(
+        None,
+        bounds=(0.0, 20.0),  # nats; ln(vocab) is ~11 for a 49k vocabulary
+        help="with entropy_coef: the bonus acts only while the mean entropy is below this",
+    )
+    dual_clip: float | None = knob(
+        None,
+        bounds=(1.0, 100.0),
+        help="dual-clip PPO: for A < 0 a token's loss is at most dual_clip x abs(A) (null: off)",
+    )
+    aggregation: str = knob(
+        "token-mean",
+        choices=("token-mean", "seq-mean"),
+        help="mean over sampled tokens, or per sequence first",
+    )
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor):
@@ -84,6 +117,11 @@ def ppo_loss(
     clipped = ratio.clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
     pg1, pg2 = -adv * ratio, -adv * clipped
     pg = torch.maximum(pg1, pg2)
+    dual = torch.zeros_like(mask)
+    if cfg.dual_clip is not None:  # bound the loss of a very unlikely token with A < 0
+        cap = -adv * cfg.dual_clip
+        dual = (adv < 0) & (pg > cap) & mask
+        pg = torch.where(adv < 0, torch.minimum(pg, cap), pg)
 
     w = torch.exp(prox_logp - behav_logp)
     keep = mask.clone()
@@ -117,18 +155,19 @@ def ppo_loss(
     old = (stale if stale is not None else torch.zeros(m.shape[0], dtype=torch.bool)).to(m.device)
     dropped = mask & ~keep
     with torch.no_grad():
-        metrics = {
-            "clip_frac": float(((pg2 > pg1) & mask).float().sum() / n),
-            "ratio_mean": float((ratio * m).sum() / n),
-            "iw_mean": float((w * m).sum() / n),
-            "iw_max": float(w[mask].max()) if mask.any() else 0.0,
-            "iw_min": float(w[mask].min()) if mask.any() else 0.0,
-            "masked_frac": float(dropped.float().sum() / n),
-            "masked_stale_frac": float((dropped & old.unsqueeze(-1)).float().sum() / n),
-            "masked_mismatch_frac": float((dropped & ~old.unsqueeze(-1)).float().sum() / n),
-            "kl": float((kl * m).sum() / n),
-            "kl_prox": float((k3(prox_logp, logp.detach()) * m).sum() / n),
-            "entropy": mean_ent,
-            "tokens": float(m.sum()),
-        }
+        metrics = loss_metrics(  # each named in trainer/metrics.py
+            clip_frac=float(((pg2 > pg1) & mask).float().sum() / n),
+            dual_clip_frac=float(dual.float().sum() / n),
+            ratio_mean=float((ratio * m).sum() / n),
+            iw_mean=float((w * m).sum() / n),
+            iw_max=float(w[mask].max()) if mask.any() else 0.0,
+            iw_min=float(w[mask].min()) if mask.any() else 0.0,
+            masked_frac=float(dropped.float().sum() / n),
+            masked_stale_frac=float((dropped & old.unsqueeze(-1)).float().sum() / n),
+            masked_mismatch_frac=float((dropped & ~old.unsqueeze(-1)).float().sum() / n),
+            kl=float((kl * m).sum() / n),
+            kl_prox=float((k3(prox_logp, logp.detach()) * m).sum() / n),
+            entropy=mean_ent,
+            tokens=float(m.sum()),
+        )
     return loss, metrics

@@ -36,6 +36,7 @@ from trainer import guards, runs
 from trainer.advantages import Baselines, compute_advantages
 from trainer.config import TrainConfig, TrainConfigError
 from trainer.data import select_samples
+from trainer.metrics import SUMMARY_KEYS
 from trainer.serving_switch import db_factory, project_config, publish_version
 
 log = logging.getLogger("rlgate.trainer")
@@ -333,15 +334,7 @@ def run_metrics(steps: list[dict[str, Any]], zero_variance_share: float) -> dict
     """One run's summary: means over its steps, whether the trust region stopped it, and
     what the prefix merge saved."""
     out: dict[str, Any] = {"zero_variance_share": zero_variance_share, "steps": len(steps)}
-    for key in (
-        "entropy",
-        "kl",
-        "kl_prox",
-        "masked_frac",
-        "masked_stale_frac",
-        "masked_mismatch_frac",
-        "clip_frac",
-    ):
+    for key in SUMMARY_KEYS:  # trainer/metrics.py
         values = [float(s[key]) for s in steps if isinstance(s.get(key), int | float)]
         out[key] = statistics.fmean(values) if values else None
     out["stopped_early"] = any(s.get("stopped_early") for s in steps)

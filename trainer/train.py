@@ -18,20 +18,10 @@ from trainer.config import TrainConfig
 from trainer.data import Sample
 from trainer.loss import ppo_loss
 from trainer.merge import units as merge_units
+from trainer.metrics import combine, finish
 from trainer.policy import MicroBatch, Policy, make_micro_batches
 
 log = logging.getLogger("rlgate.trainer")
-MEAN_KEYS = (
-    "clip_frac",
-    "ratio_mean",
-    "iw_mean",
-    "masked_frac",
-    "masked_stale_frac",
-    "masked_mismatch_frac",
-    "kl",
-    "kl_prox",
-    "entropy",
-)
 
 
 def _stats(values: list[float], prefix: str) -> dict[str, float]:
@@ -116,7 +106,6 @@ def train(
     turn) and ``merged_turns``; the first step also the no-gradient passes before it
     (``no_grad_forward_tokens``, ``no_grad_forward_tokens_saved``).
     """
-    loss_cfg = cfg.loss_config()
     dev = policy.device
     rng = random.Random(cfg.seed)
     n_mb = min(cfg.num_minibatches, len(samples))
@@ -161,7 +150,7 @@ def train(
                     _pad([torch.tensor(s.behav_logprobs) for s in ss]).to(dev),
                     torch.tensor([s.advantage for s in ss], device=dev),
                     mask.to(dev),
-                    loss_cfg,
+                    cfg,  # a TrainConfig is the LossConfig
                     ref_logp=_pad([ref[s.interaction_id] for s in ss]).to(dev) if ref else None,
                     entropy=_pad(ents).to(dev) if ents is not None else None,
                     stale=torch.tensor([s.version != policy_version for s in ss]),
@@ -170,15 +159,9 @@ def train(
                 )
                 loss.backward()
                 loss_total += float(loss.detach())
-                for k, v in m.items():
-                    if k in ("iw_max", "iw_min"):
-                        pick = max if k == "iw_max" else min
-                        agg[k] = pick(agg.get(k, v), v)
-                    elif k != "tokens":
-                        agg[k] = agg.get(k, 0.0) + v * m["tokens"]
+                combine(agg, m)  # as trainer/metrics.py says per metric
                 seen_tokens += mb.tokens
-            for k in MEAN_KEYS:
-                agg[k] = agg.get(k, 0.0) / max(num_tokens, 1.0)
+            finish(agg, num_tokens)
             target = cfg.kl_prox_target
             if target is not None and steps and agg["kl_prox"] > target:
                 opt.zero_grad(set_to_none=True)

@@ -1,8 +1,10 @@
 """Checking verifier specs (project ``settings["verifiers"]``, session metadata): a
-registered name, known and bounded parameters, and for ``command`` and ``judge`` an
-operator entry by name (core/grants.py): no spec names a program, a URL or a key. Pure
-functions: the caller passes the registered names (``trainer.verifiers.verifier_names()``)
-and the operator's grants (``Settings.grants``)."""
+registered name, known and bounded parameters, and for a source with a ``grant``
+(``command``, ``judge``) an operator entry by name (core/grants.py): no spec names a
+program, a URL or a key. What each name allows comes from its registration
+(trainer/reward_registry.py); nothing here names a verifier. Pure functions: the caller
+passes the registered names (``trainer.verifiers.verifier_names()``) and the operator's
+grants (``Settings.grants``)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import json
 import re
 from typing import Any
 
-from core.grants import GrantError, Grants, JudgeGrant
+from core.grants import GrantError, Grants
+from trainer.reward_registry import REGISTRY
 
 MAX_SPECS = 8  # verifiers per session / project
 MAX_PARAMS_CHARS = 16_000  # a spec's parameters as JSON
@@ -33,80 +36,11 @@ def check_verifier_name(name: Any, where: str = "verifier") -> str:
     return name
 
 
-# parameters that name a program, an address, a credential or a cap: the operator's to set,
-# in its [commands.<name>] / [judges.<name>] entries (core/grants.py), never in data
-OPERATOR_ONLY = {
-    "command": ("command", "cwd", "env", "inherit_env", "timeout_s"),
-    "judge": (
-        "model",
-        "api_base",
-        "api_key_env",
-        "timeout_s",
-        "retries",
-        "calls_per_hour",
-        "seconds_per_hour",
-        "usd_per_hour",
-    ),
-}
-
-
-# ---- the LLM judge (trainer/judge.py) ---------------------------------------------------
-
-# verifiers that rate a whole session (or group of sessions) in the verifier task, not one
-# answer at a time: registered by name, run by trainer/hooks.py, never by the eval gate
-SESSION_VERIFIERS = ("judge",)
-
-JUDGE_MODES = ("group", "session", "next_turn")
-MAX_RUBRIC_CHARS = 8000
-# number parameters: (lowest, highest, integer only, default)
-JUDGE_NUMBERS: dict[str, tuple[float, float, bool, float | None]] = {
-    "group_size": (2, 16, True, 4),
-    "temperature": (0, 2, False, 0.0),
-    "max_tokens": (16, 4096, True, 512),
-}
-# what a project admin sets: the operator's entry by name, and inert choices
-JUDGE_PARAMS = ("judge", "mode", "rubric", *JUDGE_NUMBERS)
-
-
-def _check_judge_params(spec: dict[str, Any], where: str) -> None:
-    mode = spec.get("mode", "session")
-    if mode not in JUDGE_MODES:
-        raise VerifierSpecError(f"{where}.mode must be one of {list(JUDGE_MODES)}, not {mode!r}")
-    rubric = spec.get("rubric")
-    if rubric is not None and (
-        not isinstance(rubric, str) or not 0 < len(rubric) <= MAX_RUBRIC_CHARS
-    ):
-        raise VerifierSpecError(
-            f"{where}.rubric must be text of 1..{MAX_RUBRIC_CHARS} characters, "
-            f"not {type(rubric).__name__}"
-        )
-    for name, (low, high, integer, _) in JUDGE_NUMBERS.items():
-        value = spec.get(name)
-        if value is None:
-            continue
-        kind = int if integer else int | float
-        if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
-            what = "an integer" if integer else "a number"
-            raise VerifierSpecError(f"{where}.{name} must be {what} in {low}..{high}")
-
-
-def judge_settings(spec: dict[str, Any], grant: JudgeGrant) -> dict[str, Any]:
-    """A checked judge spec with every default filled in, over the operator's entry
-    (model, URL, key variable and caps come from the entry only)."""
-    out: dict[str, Any] = {"mode": "session", "rubric": None}
-    out.update({k: d for k, (_, _, _, d) in JUDGE_NUMBERS.items()})
-    out.update({k: v for k, v in spec.items() if k in JUDGE_PARAMS and v is not None})
-    out.update(grant.model_dump(exclude={"projects"}))
-    return out
-
-
-# parameters of the built-ins (entry-point verifiers take any JSON parameters, bounded)
-BUILTIN_PARAMS = {
-    "exact_number": ("expected",),
-    "contains": ("expected",),
-    "command": ("use", "expected"),
-    "judge": JUDGE_PARAMS,
-}
+# Every table derives from the registrations (trainer/reward_registry.py): a spec's allowed
+# parameters, the operator's (its entry's fields, core/grants.py: a program, an address, a
+# credential or a cap, never in data), and the extra checks.
+OPERATOR_ONLY = {n: s.operator_only for n, s in REGISTRY.items() if s.operator_only}
+BUILTIN_PARAMS = {n: s.params for n, s in REGISTRY.items() if s.params is not None}
 
 
 def check_spec(
@@ -125,15 +59,15 @@ def check_spec(
             f"{where}.name: no verifier {name!r} is registered (known: {sorted(known)})"
         )
     params = {k: v for k, v in spec.items() if k != "name"}
-    operators = sorted(set(params) & set(OPERATOR_ONLY.get(name, ())))
-    if operators:
-        kind, field = ("commands", "use") if name == "command" else ("judges", "judge")
+    source = REGISTRY.get(name)  # None: an entry point's verifier (any plain JSON)
+    operators = sorted(set(params) & set(source.operator_only)) if source else []
+    if source and source.grant and operators:
         raise VerifierSpecError(
             f"{where}: {operators} are the operator's to set: they belong in a "
-            f"[{kind}.<name>] entry of the operator's configuration, which the project "
-            f"names with '{field}' (docs/security.md)"
+            f"[{source.grant.section}.<name>] entry of the operator's configuration, which "
+            f"the project names with '{source.grant.param}' (docs/security.md)"
         )
-    allowed = BUILTIN_PARAMS.get(name)
+    allowed = source.params if source else None
     if allowed is not None and set(params) - set(allowed):
         raise VerifierSpecError(
             f"{where}: unknown parameters {sorted(set(params) - set(allowed))} for "
@@ -146,12 +80,11 @@ def check_spec(
     if size > MAX_PARAMS_CHARS:
         raise VerifierSpecError(f"{where}: parameters exceed {MAX_PARAMS_CHARS} characters")
     try:
-        if name == "command":
-            grants.command(spec.get("use"), project_id, where)
-        elif name == "judge":
-            _check_judge_params(spec, where)
-            grants.judge(spec.get("judge"), project_id, where)
-    except GrantError as e:
+        if source and source.check:
+            source.check(spec, where)
+        if source and source.grant:
+            source.grant.lookup(grants, spec.get(source.grant.param), project_id, where)
+    except (GrantError, ValueError) as e:
         raise VerifierSpecError(str(e)) from None
     return dict(spec)
 

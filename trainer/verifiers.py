@@ -1,63 +1,59 @@
-"""Verifiers: reward functions that rate a closed session (run by the Celery task in
-trainer/tasks.py, whose body is trainer/hooks.py).
+"""Which reward sources run for a session, looked up by name only.
 
-A verifier is a function ``(ctx: VerifierContext, answer: Interaction) -> float | None``:
-a reward in [-1, 1] for one final answer, or None to abstain. Verifiers are found by
-name only, in :data:`VERIFIERS` (built in: ``exact_number``, ``contains``, ``command``)
-and in the Python entry point group ``rlgate.verifiers``; no setting or metadata names a
-module or function to import. The same verifiers score the eval gate's held-out prompts
+Reward sources are registered once each (trainer/reward_registry.py: the built-in answer
+verifiers of trainer/builtin_verifiers.py and the LLM judge) or installed as Python entry
+points in the group ``rlgate.verifiers`` (an answer verifier, any plain-JSON parameters);
+no setting or metadata names a module or
+function to import. The answer verifiers also score the eval gate's held-out prompts
 (trainer/eval_gate.py).
 
-Which verifiers run for a session: the ones named in the session's metadata
-(``"verifier": "exact_number"``, or ``"verifiers": [...]``, each a name or an object
-``{"name": ..., <params>}``), else the project's ``settings["verifiers"]``. Parameters
-from the project override the session's. The ``command`` verifier runs only a program of
-the operator's configuration (``[commands.<name>]``, core/grants.py), which the project's
-settings name with ``use``; session metadata cannot even choose which (an agent key can
-write it). Specs are checked (:func:`check_specs`: a known
-name, known parameters with bounds, at most :data:`MAX_SPECS`); an invalid spec is logged
-and skipped, never run.
+Which run for a session: the ones named in the session's metadata (``"verifier":
+"exact_number"``, or ``"verifiers": [...]``, each a name or an object ``{"name": ...,
+<params>}``), else the project's ``settings["verifiers"]``. Parameters from the project
+override the session's; a registration's ``session_forbidden`` parameters (the operator
+entry's name, e.g. ``command``'s ``use``, and all of the judge's) are dropped from session
+metadata (an agent key can write it). Specs are checked (:func:`check_specs`, via
+trainer/verifier_specs.py: a known name, known parameters with bounds, at most
+:data:`MAX_SPECS`); an invalid spec is logged and skipped, never run.
 
 When a session closes, trainer.hooks.on_session_closed enqueues the verifier task if a
-verifier is configured; trainer.hooks.run_verifiers scores the final turn and stores the
-scores as feedback.
+verifier is configured; trainer.hooks.run_verifiers runs each spec's registration and
+stores the scores as feedback.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import os
-import re
-import signal
-import subprocess
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
-from core.grants import CommandGrant, GrantError, Grants
-from schemas.atdp import Interaction
-from schemas.atdp import Session as SessionRecord
+from core.grants import Grants
 from trainer import verifier_specs
-from trainer.verifier_specs import (
-    BUILTIN_PARAMS,
-    MAX_SPECS,
-    OPERATOR_ONLY,
-    SESSION_VERIFIERS,
-    VerifierSpecError,
-    check_spec,
+from trainer.builtin_verifiers import (  # re-exported: the built-ins' old home
+    command,
+    contains,
+    exact_number,
+    last_number,
+    run_command,
 )
+from trainer.reward_registry import BUILTIN_NAMES, REGISTRY
+from trainer.reward_source import RewardSource, Verifier, VerifierContext
+from trainer.verifier_specs import MAX_SPECS, VerifierSpecError, check_spec
+
+__all__ = [
+    "MAX_SPECS",
+    "VerifierContext",
+    "VerifierSpecError",
+    "command",
+    "contains",
+    "exact_number",
+    "last_number",
+    "run_command",
+]
 
 log = logging.getLogger("rlgate.verifiers")
 
 ENTRY_POINT_GROUP = "rlgate.verifiers"
-# parameters only the project settings may give (session metadata is writable with an
-# agent key): which operator command runs, and everything about the judge
-TRUSTED_ONLY = {
-    "command": ("use", *OPERATOR_ONLY["command"]),
-    "judge": (*BUILTIN_PARAMS["judge"], *OPERATOR_ONLY["judge"]),
-}
 
 
 def _grants() -> Grants:
@@ -66,148 +62,32 @@ def _grants() -> Grants:
     return get_settings().grants
 
 
-@dataclass
-class VerifierContext:
-    session: SessionRecord
-    interactions: list[Interaction]
-    config: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def expected(self) -> Any:
-        """The expected answer: verifier params, then session metadata (``expected``,
-        or ``task.expected``)."""
-        if self.config.get("expected") is not None:
-            return self.config["expected"]
-        meta = self.session.metadata or {}
-        if meta.get("expected") is not None:
-            return meta["expected"]
-        task = meta.get("task")
-        if isinstance(task, dict):
-            return task.get("expected")
-        return None
-
-
-Verifier = Callable[[VerifierContext, Interaction], float | None]
-
-# ---- built-in verifiers --------------------------------------------------------------------
-
-_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+")
-
-
-def last_number(text: str | None) -> float | None:
-    if not text:
-        return None
-    found = _NUMBER.findall(text)
-    if not found:
-        return None
-    try:
-        return float(found[-1].replace(",", ""))
-    except ValueError:
-        return None
-
-
-def exact_number(ctx: VerifierContext, answer: Interaction) -> float | None:
-    """+1 when the last number in the answer equals the expected number, else -1;
-    abstains when the session names no expected value."""
-    expected = ctx.expected
-    if expected is None:
-        return None
-    want = float(expected) if isinstance(expected, int | float) else last_number(str(expected))
-    if want is None:
-        return None
-    got = last_number(answer.output.text)
-    if got is None:
-        return -1.0
-    return 1.0 if math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9) else -1.0
-
-
-def contains(ctx: VerifierContext, answer: Interaction) -> float | None:
-    """+1 when the expected text appears in the answer (case and surrounding whitespace
-    ignored), else -1; abstains when there is no expected value."""
-    expected = ctx.expected
-    if expected is None or not str(expected).strip():
-        return None
-    return 1.0 if str(expected).strip().lower() in (answer.output.text or "").lower() else -1.0
-
-
-def command(ctx: VerifierContext, answer: Interaction) -> float | None:
-    """Runs the operator's command entry named by ``use`` (core/grants.py: its program,
-    ``cwd``, ``env``, ``timeout_s``; the project only names it); exit status 0 -> +1,
-    else -1, also on timeout. It sees only the worker variables its entry inherits, its
-    entry's ``env``, and the answer: RLGATE_ANSWER, RLGATE_EXPECTED, RLGATE_SESSION_ID,
-    RLGATE_INTERACTION_ID, RLGATE_TASK_ID. Abstains when the entry is gone or not granted
-    to the session's project."""
-    try:
-        grant = _grants().command(ctx.config.get("use"), ctx.session.project_id, "command")
-    except GrantError as e:
-        log.warning("command verifier not run for %s: %s", answer.id, e)
-        return None
-    return run_command(grant, ctx, answer)
-
-
-def run_command(grant: CommandGrant, ctx: VerifierContext, answer: Interaction) -> float:
-    env = {k: os.environ[k] for k in grant.inherit_env if k in os.environ}
-    env.update(grant.env)
-    env.update(
-        {
-            "RLGATE_ANSWER": answer.output.text or "",
-            "RLGATE_EXPECTED": "" if ctx.expected is None else str(ctx.expected),
-            "RLGATE_SESSION_ID": ctx.session.id,
-            "RLGATE_INTERACTION_ID": answer.id,
-            "RLGATE_TASK_ID": ctx.session.task_id or "",
-        }
-    )
-    cmd = grant.command
-    proc = subprocess.Popen(
-        cmd,
-        shell=isinstance(cmd, str),
-        cwd=grant.cwd or None,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group: a timeout kills all of it
-    )
-    try:
-        rc = proc.wait(timeout=grant.timeout_s)
-    except BaseException as e:  # the timeout, or the verify task's own time limit
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        if not isinstance(e, subprocess.TimeoutExpired):
-            raise
-        log.info("command verifier timed out after %.0fs for %s", grant.timeout_s, answer.id)
-        return -1.0
-    return 1.0 if rc == 0 else -1.0
-
-
-VERIFIERS: dict[str, Verifier] = {
-    "exact_number": exact_number,
-    "contains": contains,
-    "command": command,
-}
-
-
-BUILTIN_NAMES = frozenset(VERIFIERS) | frozenset(SESSION_VERIFIERS)
-
-
 def verifier_names() -> set[str]:
-    """The registered names: the built-ins (``judge`` too, which trainer/hooks.py runs on
-    the whole session) and the ``rlgate.verifiers`` entry points (read from the installed
-    packages' metadata; nothing is imported)."""
+    """The registered names: the built-ins (trainer/reward_registry.py, ``judge`` too)
+    and the ``rlgate.verifiers`` entry points (read from the installed packages'
+    metadata; nothing is imported)."""
     return set(BUILTIN_NAMES) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def get_verifier(name: str) -> Verifier | None:
-    """The verifier registered as ``name`` (built-in first, then the entry point group);
-    None for any other string and for the session verifiers (``judge``), which do not
-    score one answer. Only installed entry points are ever loaded."""
-    if not isinstance(name, str) or name in SESSION_VERIFIERS:
+def get_source(name: str) -> RewardSource | None:
+    """The reward source registered as ``name`` (built-in first, then the entry point
+    group, as an answer verifier); None for any other string. Only installed entry points
+    are ever loaded."""
+    if not isinstance(name, str):
         return None
-    if name in VERIFIERS:
-        return VERIFIERS[name]
+    if name in REGISTRY:
+        return REGISTRY[name]
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == name:
-            return ep.load()  # type: ignore[no-any-return]
+            return RewardSource(name, None, score=ep.load())
     return None
+
+
+def get_verifier(name: str) -> Verifier | None:
+    """The answer verifier registered as ``name``; None for any other string and for a
+    source that rates whole sessions (``judge``)."""
+    source = get_source(name)
+    return source.score if source is not None else None
 
 
 # ---- which verifiers run ---------------------------------------------------------------------
@@ -262,7 +142,9 @@ def _from_session(item: Any, project: dict[str, dict[str, Any]]) -> Any:
     name = item.get("name")
     if not isinstance(name, str):
         return item  # check_spec says what is wrong with it
-    kept = {k: v for k, v in item.items() if k not in TRUSTED_ONLY.get(name, ())}
+    source = REGISTRY.get(name)
+    forbidden = source.session_forbidden if source else ()
+    kept = {k: v for k, v in item.items() if k not in forbidden}
     return {**kept, **project.get(name, {})}
 
 

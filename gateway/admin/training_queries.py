@@ -26,19 +26,9 @@ from schemas.tables import (
     PolicyVersionRow,
     TrainingRunRow,
 )
+from trainer.api import CHARTS
 
-STEP_METRICS = (
-    ("loss", "loss"),
-    ("reward_mean", "reward mean"),
-    ("kl", "KL to the base model"),
-    ("kl_prox", "KL to the proximal policy (trust region)"),
-    ("entropy", "entropy"),
-    ("clip_frac", "clip fraction"),
-    ("masked_frac", "masked fraction"),
-    ("masked_stale_frac", "masked: stale samples"),
-    ("masked_mismatch_frac", "masked: engine/trainer mismatch"),
-    ("tokens_per_s", "tokens/s"),
-)
+STEP_METRICS = CHARTS  # (name, label) of each charted metric: trainer/metrics.py
 
 
 # ---- runs ---------------------------------------------------------------------------

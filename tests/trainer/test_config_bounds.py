@@ -4,14 +4,15 @@ engine: these are the checks the admin API and every run apply."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import pytest
 
-from trainer.config import BOUNDS, CHOICES, TrainConfig, TrainConfigError
+from trainer.config import BOUNDS, CHOICES, TrainConfig, TrainConfigError, settings_table
 from trainer.eval_gate import (
     MAX_NEW_TOKENS,
     MAX_PROMPT_CHARS,
@@ -20,6 +21,7 @@ from trainer.eval_gate import (
     GateConfigError,
     require_registered,
 )
+from trainer.loss import LossConfig
 
 REPO = Path(__file__).resolve().parents[2]
 NUMBER_TYPES = ("int", "float", "int | None", "float | None")
@@ -36,12 +38,42 @@ def gate(**kw: object) -> dict[str, object]:
 
 def test_every_field_has_a_rule_and_the_defaults_keep_them() -> None:
     for f in fields(TrainConfig):
+        assert f.metadata.get("help"), f"{f.name} has no help: declare it with knob(help=...)"
         if str(f.type) in NUMBER_TYPES:
-            assert f.name in BOUNDS, f"number field {f.name} has no entry in trainer.config.BOUNDS"
+            assert f.name in BOUNDS, f"number field {f.name} has no bounds in its knob()"
+        elif str(f.type) == "str":
+            assert f.name in CHOICES, f"text field {f.name} has no choices in its knob()"
         elif str(f.type) != "bool":
             assert f.name in OTHER_CHECKED, f"{f.name} ({f.type}) has no validation rule"
+            assert f.metadata.get("rule"), f"{f.name} has no rule text for the docs table"
     assert set(BOUNDS) <= {f.name for f in fields(TrainConfig)}  # no stale entries
     TrainConfig().check()  # the defaults lie inside the bounds
+
+
+def test_the_loss_knobs_are_the_train_configs() -> None:
+    """One declaration: TrainConfig inherits the loss's knobs, defaults and all (kl_coef's
+    effective default is 0.02 whether the loss is called directly or through a run)."""
+    loss_fields = {f.name: f for f in fields(LossConfig)}
+    train_fields = {f.name: f for f in fields(TrainConfig)}
+    assert isinstance(TrainConfig(), LossConfig)
+    for name, f in loss_fields.items():
+        assert train_fields[name] is f
+    assert LossConfig().kl_coef == TrainConfig().kl_coef == 0.02
+
+
+def test_docs_table_lists_exactly_the_fields_with_their_defaults() -> None:
+    """docs/trainer.md holds settings_table() verbatim between its markers: every field,
+    no other, with its default and range (regenerate: python -m trainer.config)."""
+    text = (REPO / "docs" / "trainer.md").read_text()
+    begin, end = "<!-- knobs:begin -->\n", "<!-- knobs:end -->"
+    assert begin in text and end in text
+    table = text.split(begin, 1)[1].split(end, 1)[0]
+    assert table == settings_table(), "docs/trainer.md: paste `python -m trainer.config`"
+    listed = re.findall(r"^\| `([a-z_0-9]+)` \| `([^`]*)` \|", table, flags=re.M)
+    assert [n for n, _ in listed] == [f.name for f in fields(TrainConfig)]
+    defaults = asdict(TrainConfig())
+    for name, default in listed:
+        assert json.loads(default) == json.loads(json.dumps(defaults[name])), name
 
 
 @pytest.mark.parametrize("name", sorted(BOUNDS))

@@ -24,7 +24,8 @@ from schemas.tables import AuditEventRow, PolicyVersionRow, ProjectRow, Training
 from tests.servers import engine_cmd, free_port, running
 from tests.trainer.helpers import MODEL_DIR, _tokenizer, render
 from trainer import publish, runner, runs, serving_switch
-from trainer.verifiers import VERIFIERS
+from trainer.reward_registry import REGISTRY
+from trainer.reward_source import RewardSource
 
 pytestmark = pytest.mark.slow  # loads the real model
 
@@ -254,7 +255,7 @@ def test_broken_verifier_fails_closed(
     verifier: str,
     reason: str,
 ) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setitem(VERIFIERS, "crashing", _crash)
+    monkeypatch.setitem(REGISTRY, "crashing", RewardSource("crashing", (), score=_crash))
     prompts = gate_prompts
     if verifier == "exact_number":
         prompts = [{k: v for k, v in p.items() if k != "expected"} for p in gate_prompts]

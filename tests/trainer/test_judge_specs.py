@@ -12,7 +12,7 @@ from tests.grants import grant
 from tests.rows import interaction
 from trainer import judge_text as jt
 from trainer.eval_gate import EvalGate, GateConfigError
-from trainer.verifier_specs import judge_settings
+from trainer.judge import judge_settings
 from trainer.verifiers import VerifierSpecError, check_specs, get_verifier, verifier_names
 
 GOOD = {"name": "judge", "judge": "mini", "mode": "group", "rubric": "Be right."}

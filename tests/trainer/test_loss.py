@@ -9,7 +9,7 @@ import torch
 
 from trainer.loss import LossConfig, ppo_loss, token_logprobs
 
-NO_IW = LossConfig(behav_weight_cap=None, band_low=None, band_high=None)
+NO_IW = LossConfig(behav_weight_cap=None, band_low=None, band_high=None, kl_coef=0.0)
 L = math.log
 
 
@@ -120,3 +120,21 @@ def test_kl_to_base_k3() -> None:
     # no reference or coefficient 0: no KL term
     loss0, m0, _ = one(L(0.5), prox=L(0.5), behav=L(0.5), adv=0.0, ref_logp=t([0.0]))
     assert loss0.item() == 0.0 and m0["kl"] == 0.0
+
+
+def test_dual_clip_bounds_the_loss_of_negative_advantages() -> None:
+    # A < 0, ratio 5: PPO's pessimistic bound keeps -A * 5 = 5 (its gradient pushes on)
+    loss, m, _ = one(L(5.0), adv=-1.0)
+    assert loss.item() == pytest.approx(5.0) and m["dual_clip_frac"] == 0.0
+    cfg = LossConfig(
+        behav_weight_cap=None, band_low=None, band_high=None, kl_coef=0.0, dual_clip=3.0
+    )
+    loss, m, lp = one(L(5.0), adv=-1.0, cfg=cfg)
+    assert loss.item() == pytest.approx(3.0) and m["dual_clip_frac"] == 1.0
+    loss.backward()
+    assert lp.grad.item() == 0.0  # the cap is constant in logp
+    # below the cap, and for A > 0, nothing changes
+    loss, m, _ = one(L(2.0), adv=-1.0, cfg=cfg)
+    assert loss.item() == pytest.approx(2.0) and m["dual_clip_frac"] == 0.0
+    loss, _, _ = one(L(5.0), adv=1.0, cfg=cfg)
+    assert loss.item() == pytest.approx(-1.28)
