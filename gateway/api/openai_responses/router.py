@@ -1,4 +1,6 @@
-"""OpenAI Responses routes: ``POST /v1/responses``, ``GET /v1/responses/{id}``.
+"""OpenAI Responses routes: ``POST /v1/responses``, ``GET /v1/responses/{id}``,
+``GET /v1/responses/{id}/input_items``; the Conversations API's routes are
+``conversations.py``'s, included here.
 
 A feedback key cannot read responses (403); what else may be read or continued is
 ``store.py``'s.
@@ -13,7 +15,8 @@ from fastapi.responses import Response
 
 from core.errors import APIError
 from gateway.api.base import open_call, require_model_key, respond
-from gateway.api.openai_responses import translator
+from gateway.api.openai_responses import conversations, translator
+from gateway.api.openai_responses.conversation_items import api_items, list_params, page_of
 from gateway.api.openai_responses.store import store_of, visible
 from gateway.api.openai_responses.stream import ResponsesStream
 from gateway.auth import require_kind
@@ -24,6 +27,7 @@ from gateway.waits import locate
 from schemas.tables import InteractionRow
 
 router = APIRouter()
+router.include_router(conversations.router)
 
 
 def session_header(request: Request) -> str | None:
@@ -40,29 +44,52 @@ async def create_response(request: Request) -> Response:
     parsed = translator.parse(call.body)
     store = store_of(request)
     history: list[Message] = []
+    hint = session_header(request)
+    turn: conversations.Turn | None = None
     if parsed.previous_response_id:
         require_model_key(call.principal)
         history = await store.conversation(parsed.previous_response_id, call.principal, request)
-    req = translator.to_internal(parsed, call.body, history, session_header(request))
+    elif parsed.conversation is not None:
+        require_model_key(call.principal)
+        cid = conversations.conversation_id(parsed.conversation)
+        history = await conversations.history(request, call.principal, cid)
+        hint = cid  # the conversation's turns are one session
+        turn = conversations.Turn(request, call.principal, cid, call.body)
+    req = translator.to_internal(parsed, call.body, history, hint)
     prep = await call.prepare(req, translator.ID_PREFIX)
 
     def remember(completions: list[Completion]) -> None:
         sid = prep.session.session_id
         output = output_json(completions[0])
         store.remember(prep.interaction_id, call.principal.project_id, sid, call.body, output)
+        if turn is not None:
+            turn.recorded(prep.interaction_id)
 
-    return await respond(
+    def writer() -> ResponsesStream:
+        stream = ResponsesStream(prep, call.model)
+        if turn is not None:
+            turn.output = lambda: stream.items.items
+        return stream
+
+    response = await respond(
         call,
         prep,
         lambda completions: translator.response_body(prep, completions[0], call.model),
-        lambda: ResponsesStream(prep, call.model),
+        writer,
         remember,
     )
+    return response if turn is None else await turn.finish(response)
 
 
 @router.get("/v1/responses/{response_id}")
 async def get_response(response_id: str, request: Request) -> dict[str, Any]:
     """A stored response, rebuilt from its record (output item ids are fresh)."""
+    row = await _stored(request, response_id)
+    return translator.stored_response(row, gw_of(request).settings.served_model_name)
+
+
+async def _stored(request: Request, response_id: str) -> InteractionRow:
+    """A stored response the caller may read (403 for a feedback key, 404 otherwise)."""
     gw = gw_of(request)
     p = await principal(request)
     require_kind(p, "agent", "admin")  # a feedback key rates ids, it does not read outputs
@@ -84,4 +111,13 @@ async def get_response(response_id: str, request: Request) -> dict[str, Any]:
         or not response_id.startswith(translator.ID_PREFIX)
     ):
         raise APIError(404, f"no response with id '{response_id}' was found")
-    return translator.stored_response(row, gw.settings.served_model_name)
+    return row
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(response_id: str, request: Request) -> dict[str, Any]:
+    """The input items of a stored response (its own ``input``, not what
+    ``previous_response_id`` or ``conversation`` added), ids derived from the response."""
+    params = list_params(request)
+    row = await _stored(request, response_id)
+    return page_of(api_items(row.request.get("input"), "input", response_id), params)
