@@ -26,6 +26,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from core.db import DB_DOWN
+from core.errors import APIError
 from gateway.api.openai_responses.conversation_items import api_items, list_params
 from gateway.api.openai_responses.conversation_store import (
     MAX_ADDED_ITEMS,
@@ -189,6 +190,8 @@ class Turn:
             await asyncio.to_thread(store.add_items, self.cid, self.p, items, rid)
         except DB_DOWN as e:  # the response is recorded (spool); its items are not kept
             log.warning("response %s not appended to %s: database down (%s)", rid, self.cid, e)
+        except APIError as e:  # the conversation was deleted while the response ran
+            log.info("response %s not appended to %s: %s", rid, self.cid, e.message)
 
     async def _then(self, chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
         async with contextlib.aclosing(chunks) as it:  # type: ignore[type-var]
