@@ -4,14 +4,19 @@ and PostgreSQL, through the official openai SDK and plain HTTP for the error cas
 
 from __future__ import annotations
 
+import json
+import secrets
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from sqlalchemy import select
 from transformers import AutoTokenizer
 
-from schemas.tables import ConversationItemRow
+from core.db import transaction
+from core.keys import create_key
+from schemas.tables import ConversationItemRow, ProjectRow
 from tests.gateway.helpers import interactions, wait_recorded
 
 USER_ITEM = {"type": "message", "role": "user", "content": "Hello there."}
@@ -117,8 +122,6 @@ def test_conversation_routes(stack):
 
 
 def _seq(stack, item_id: str) -> int:  # type: ignore[no-untyped-def]
-    from sqlalchemy import select
-
     with stack.factory() as db:
         return db.scalar(select(ConversationItemRow.seq).where(ConversationItemRow.id == item_id))
 
@@ -280,3 +283,25 @@ def test_input_items(stack):
     assert fb.get(f"/v1/responses/{resp.id}/input_items").status_code == 403
     unstored = client.responses.create(model="gpt-5", input="hi", max_output_tokens=2, store=False)
     _error(c.get(f"/v1/responses/{unstored.id}/input_items"), 404)
+
+
+def test_conversation_items_are_redacted_like_records(stack):
+    """With redaction on for the project, items and metadata are stored redacted."""
+    project = f"redact-{secrets.token_hex(3)}"
+    with transaction(stack.factory) as db:
+        _, key = create_key(db, project, "agent")
+        db.get(ProjectRow, project).settings = {"redaction": {"enabled": True}}
+    c = _http(stack, key)
+    secret = "mail me at jane.doe@example.com"
+    item = {"type": "message", "role": "user", "content": secret}
+    conv = c.post("/v1/conversations", json={"items": [item], "metadata": {"who": secret}})
+    assert conv.status_code == 200, conv.text
+    assert conv.json()["metadata"]["who"] == "mail me at [REDACTED:email]"
+    cid = conv.json()["id"]
+    added = c.post(f"/v1/conversations/{cid}/items", json={"items": [item]}).json()
+    assert added["data"][0]["content"][0]["text"] == "mail me at [REDACTED:email]"
+    with stack.factory() as db:
+        stored = db.scalars(
+            select(ConversationItemRow.item).where(ConversationItemRow.conversation_id == cid)
+        ).all()
+    assert len(stored) == 2 and "example.com" not in json.dumps(stored)

@@ -12,6 +12,7 @@ fresh ids.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +70,7 @@ def shaped(item: dict[str, Any], item_id: str) -> dict[str, Any]:
             "id": item_id,
             "call_id": item["call_id"],
             "name": item["name"],
-            "arguments": args if isinstance(args, str) else "{}" if args is None else str(args),
+            "arguments": args if isinstance(args, str) else json.dumps(args or {}),
             "status": "completed",
         }
     if kind == "function_call_output":

@@ -10,6 +10,7 @@ records of the conversation's turns are never touched.
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 from typing import Any
 
 from sqlalchemy import select
@@ -19,6 +20,7 @@ from core.errors import APIError
 from gateway.api.openai_responses.conversation_items import ListParams, page
 from gateway.auth import Principal
 from gateway.errors import bad_request
+from gateway.redaction import RedactionPolicy
 from schemas.coltypes import utcnow
 from schemas.tables import ConversationItemRow, ConversationRow
 
@@ -84,8 +86,19 @@ def _visible(row: ConversationRow | None, p: Principal) -> bool:
 
 
 class ConversationStore:
-    def __init__(self, factory: sessionmaker[Session]) -> None:
+    def __init__(
+        self, factory: sessionmaker[Session], redaction: RedactionPolicy | None = None
+    ) -> None:
         self.factory = factory
+        self.redaction = redaction
+
+    def _redacted(self, project_id: str, value: Any) -> Any:
+        """``value`` with every string redacted when redaction is on for the project."""
+        redactor = self.redaction.for_project(project_id) if self.redaction else None
+        return value if redactor is None else redactor.value(value, Counter())
+
+    def _stored_items(self, project_id: str, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**self._redacted(project_id, i), "id": i["id"]} for i in items]
 
     def _get(self, db: Session, cid: str, p: Principal, param: str | None) -> ConversationRow:
         row = db.get(ConversationRow, cid)
@@ -116,9 +129,10 @@ class ConversationStore:
             project_id=p.project_id,
             api_key_id=p.key_id,
             key_session_id=p.session_id,
-            meta=metadata,
+            meta=self._redacted(p.project_id, metadata),
             created_at=utcnow(),
         )
+        items = self._stored_items(p.project_id, items)
         with self.factory() as db, db.begin():
             db.add(row)
             db.flush()
@@ -131,6 +145,7 @@ class ConversationStore:
             return conversation_json(self._get(db, cid, p, param))
 
     def update(self, cid: str, p: Principal, metadata: dict[str, str]) -> dict[str, Any]:
+        metadata = self._redacted(p.project_id, metadata)
         with self.factory() as db, db.begin():
             row = self._get(db, cid, p, None)
             row.meta = metadata
@@ -147,10 +162,13 @@ class ConversationStore:
         p: Principal,
         items: list[dict[str, Any]],
         response_id: str | None = None,
-    ) -> None:
+    ) -> list[dict[str, Any]]:
+        """Appends ``items``; returns them as stored."""
+        items = self._stored_items(p.project_id, items)
         with self.factory() as db, db.begin():
             self._get(db, cid, p, None)
             self._add(db, cid, items, response_id)
+        return items
 
     def items(self, cid: str, p: Principal, params: ListParams) -> dict[str, Any]:
         with self.factory() as db:

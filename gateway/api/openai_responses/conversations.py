@@ -38,7 +38,7 @@ from gateway.api.openai_responses.translator import parse_input
 from gateway.auth import Principal, require_kind
 from gateway.errors import bad_request
 from gateway.request import Message
-from gateway.routing import gw_of, parse_json, principal
+from gateway.routing import gw_of, principal, read_json
 
 log = logging.getLogger("rlgate.conversations")
 router = APIRouter()
@@ -48,7 +48,8 @@ def conversations_of(request: Request) -> ConversationStore:
     state = request.app.state
     store = getattr(state, "conversations", None)
     if store is None:
-        store = ConversationStore(gw_of(request).factory)
+        gw = gw_of(request)
+        store = ConversationStore(gw.factory, gw.pipeline.redaction)
         state.conversations = store
     return store
 
@@ -61,7 +62,7 @@ async def _caller(request: Request) -> Principal:
 
 async def _body(request: Request) -> dict[str, Any]:
     raw = await request.body()
-    body = parse_json(raw) if raw.strip() else {}
+    body = await read_json(request) if raw.strip() else {}  # the SDK may send no body
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     return body
@@ -115,7 +116,7 @@ async def add_items(conversation_id: str, request: Request) -> dict[str, Any]:
     p = await _caller(request)
     items = _items(await _body(request), MAX_ADDED_ITEMS, required=True)
     store = conversations_of(request)
-    await asyncio.to_thread(store.add_items, conversation_id, p, items)
+    items = await asyncio.to_thread(store.add_items, conversation_id, p, items)
     return {
         "object": "list",
         "data": items,
