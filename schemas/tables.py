@@ -271,3 +271,42 @@ class AuditEventRow(Base):
     target_id: Mapped[str | None] = mapped_column(ID)
     details: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ConversationRow(Base):
+    """An OpenAI Conversations API conversation (gateway/api/openai_responses/
+    conversations.py). Its turns through ``responses.create`` form one session: the
+    conversation id is that session's external id. ``deleted_at`` hides it from the API;
+    the interaction records of its turns are never touched."""
+
+    __tablename__ = "conversations"
+    __table_args__ = (Index("ix_conversations_project_created", "project_id", "created_at"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    api_key_id: Mapped[str | None] = mapped_column(ID)
+    # the session of the per-session key that created it (only such keys of that session
+    # see it); None for a project-wide key
+    key_session_id: Mapped[str | None] = mapped_column(ID)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class ConversationItemRow(Base):
+    """One item of a conversation, in the API's shape; ``seq`` orders them. Items added by
+    a response name it (``response_id``); ``deleted_at`` hides an item from the API."""
+
+    __tablename__ = "conversation_items"
+    __table_args__ = (
+        Index("ix_conversation_items_conversation_seq", "conversation_id", "seq"),
+        UniqueConstraint("id"),
+    )
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(ID)
+    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"))
+    response_id: Mapped[str | None] = mapped_column(ID)
+    item: Mapped[dict[str, Any]] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

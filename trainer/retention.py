@@ -12,6 +12,10 @@ before ``now - days`` the job:
 - keeps what ATDP requires and what carries no content: ids, session, sequence, timing,
   sampling parameters, usage counts, reward, policy version.
 
+Items of the project's conversations (the OpenAI Conversations API's
+``conversation_items``, a copy of what turns sent and answered, not training data) added
+before the cutoff are deleted, counted in ``conversation_items``.
+
 It works in batches of ``batch_size`` rows (one transaction each), walks the old rows
 once in (created_at, id) order, skips rows already purged (so a second run changes
 nothing) and writes one AuditEvent ``retention.purge`` per project per run with the
@@ -29,11 +33,17 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import LargeBinary, func, select, tuple_, type_coerce, update
+from sqlalchemy import LargeBinary, delete, func, select, tuple_, type_coerce, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from schemas.coltypes import utcnow
-from schemas.tables import AuditEventRow, InteractionRow, ProjectRow
+from schemas.tables import (
+    AuditEventRow,
+    ConversationItemRow,
+    ConversationRow,
+    InteractionRow,
+    ProjectRow,
+)
 from trainer.data import REDACTION_MARKER
 
 log = logging.getLogger("rlgate.retention")
@@ -60,6 +70,7 @@ class ProjectPurge:
     purged: int = 0
     dry_run: bool = False
     complete: bool = True  # False: stopped at max_rows, the next run continues
+    conversation_items: int = 0  # conversation items deleted (or, dry, to delete)
 
 
 def check_days(value: Any, where: str) -> int | None:
@@ -173,8 +184,23 @@ def purge_project(
             if len(rows) < limit:
                 break
     with factory() as db, db.begin():
+        result.conversation_items = _conversation_items(db, project_id, cutoff, dry_run)
         _audit(db, actor, result)
     return result
+
+
+def _conversation_items(db: Session, project_id: str, cutoff: datetime, dry_run: bool) -> int:
+    """Deletes (or, dry, counts) the project's conversation items older than ``cutoff``."""
+    where = (
+        ConversationItemRow.conversation_id.in_(
+            select(ConversationRow.id).where(ConversationRow.project_id == project_id)
+        ),
+        ConversationItemRow.created_at < cutoff,
+    )
+    if dry_run:
+        return int(db.scalar(select(func.count()).select_from(ConversationItemRow).where(*where)))
+    done = db.execute(delete(ConversationItemRow).where(*where))
+    return int(done.rowcount or 0)
 
 
 def purge_payloads(

@@ -26,6 +26,8 @@ TABLES = {
     "audit_events",
     "judge_calls",
     "verify_leases",
+    "conversations",
+    "conversation_items",
 }
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations" / "versions"
 

@@ -11,7 +11,9 @@ The test runs its own engine, without prefix reuse, so the answers do not depend
 other tests sent before. The golden file is written from the code as it is:
 ``RLGATE_REGEN_SURFACE=1 pytest tests/gateway/test_http_surface.py -k sqlite``. It was
 generated before the API translators were refactored (issue #17); a refactor must pass
-against it unchanged.
+against it unchanged. Regenerated for issue #28 (the Conversations API is served): only
+the entry "responses conversation" changed, a 400 "not supported" became the 404 of an
+unknown conversation.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from core.db import transaction
 from core.keys import ensure_project
 from schemas.atdp import Interaction
 from schemas.convert import to_record, to_row
-from schemas.tables import AuditEventRow, InteractionRow
+from schemas.tables import AuditEventRow, ConversationItemRow, ConversationRow, InteractionRow
 from tests.rows import T0, interaction, session
 from trainer.data import REDACTION_MARKER, count_trainable
 from trainer.retention import (
@@ -149,3 +149,30 @@ def test_celery_task_uses_the_settings(migrated_db, db_url, monkeypatch):
     assert [(r["project_id"], r["purged"]) for r in out] == [("p1", 1)]
     json.dumps(out)  # a JSON-serializable task result
     assert [e.actor for e in audits(migrated_db)] == ["system"]
+
+
+def test_old_conversation_items_are_deleted(migrated_db):
+    seed(migrated_db, "p1", old=0, recent=0)
+    seed(migrated_db, "p2", old=0, recent=0)
+    with transaction(migrated_db) as db:
+        for project in ("p1", "p2"):
+            db.add(ConversationRow(id=f"conv_{project}", project_id=project, meta={}))
+            db.flush()
+            for i, at in enumerate((T0 - timedelta(days=40), T0 - timedelta(days=1))):
+                item = {"type": "message", "id": f"msg_{project}{i}", "content": SECRET}
+                db.add(
+                    ConversationItemRow(
+                        id=f"msg_{project}{i}",
+                        conversation_id=f"conv_{project}",
+                        item=item,
+                        created_at=at,
+                    )
+                )
+    (dry,) = purge_payloads(migrated_db, default_days=30, now=T0, project="p1", dry_run=True)
+    assert dry.conversation_items == 1
+    (res,) = purge_payloads(migrated_db, default_days=30, now=T0, project="p1")
+    assert res.conversation_items == 1
+    with migrated_db() as db:
+        left = db.scalars(select(ConversationItemRow.id).order_by(ConversationItemRow.id)).all()
+    assert left == ["msg_p11", "msg_p20", "msg_p21"]  # p1's recent one, all of p2's
+    assert audits(migrated_db)[-1].details["conversation_items"] == 1

@@ -25,6 +25,7 @@ class ResponsesRequest(Loose):
     stream: bool = False
     store: bool | None = True
     previous_response_id: str | None = None
+    conversation: str | dict[str, Any] | None = None  # conversations.py
     parallel_tool_calls: bool | None = None
     metadata: dict[str, Any] | None = None
     user: str | None = None
@@ -50,12 +51,7 @@ IGNORED = {
     "stream_options",
     "client_metadata",
 }
-REFUSED = {
-    "conversation": (
-        "'conversation' is not supported; chain calls with previous_response_id",
-        "conversation",
-    )
-}
+REFUSED: dict[str, tuple[str, str]] = {}
 
 
 def new_id(prefix: str) -> str:
@@ -123,7 +119,10 @@ def response_json(
     )
     if incomplete and status == "completed":
         status = "incomplete"
-    return {
+    conversation = raw.get("conversation")
+    if isinstance(conversation, dict):
+        conversation = conversation.get("id")
+    body = {
         "id": rid,
         "object": "response",
         "created_at": created,
@@ -157,3 +156,6 @@ def response_json(
         "user": raw.get("user"),
         "metadata": raw.get("metadata") or {},
     }
+    if conversation is not None:  # OpenAI's field, only for a call that named one
+        body["conversation"] = {"id": conversation}
+    return body

@@ -1,4 +1,6 @@
-"""OpenAI Responses routes: ``POST /v1/responses``, ``GET /v1/responses/{id}``.
+"""OpenAI Responses routes: ``POST /v1/responses``, ``GET /v1/responses/{id}``,
+``GET /v1/responses/{id}/input_items``; the Conversations API's routes are
+``conversations.py``'s, included here.
 
 A feedback key cannot read responses (403); what else may be read or continued is
 ``store.py``'s.
@@ -14,7 +16,8 @@ from fastapi.responses import Response
 from core.errors import APIError
 from gateway.api.base import require_model_key
 from gateway.api.handler import ApiHandler, Hook, StreamWriter
-from gateway.api.openai_responses import translator
+from gateway.api.openai_responses import conversations, translator
+from gateway.api.openai_responses.conversation_items import api_items, list_params, page_of
 from gateway.api.openai_responses.store import store_of, visible
 from gateway.api.openai_responses.stream import ResponsesStream
 from gateway.auth import require_kind
@@ -26,6 +29,7 @@ from gateway.waits import locate
 from schemas.tables import InteractionRow
 
 router = APIRouter()
+router.include_router(conversations.router)
 
 
 def session_header(request: Request) -> str | None:
@@ -37,36 +41,58 @@ def session_header(request: Request) -> str | None:
 
 class Responses(ApiHandler):
     ID_PREFIX = translator.ID_PREFIX
+    turn: conversations.Turn | None = None  # set when the call names a ``conversation``
 
     async def to_internal(self) -> list[GenerationRequest]:
-        """A ``previous_response_id`` continues a stored conversation (``store.py``)."""
+        """A ``previous_response_id`` continues a stored response (``store.py``); a
+        ``conversation`` continues its items, and its turns are one session."""
         call = self.call
         parsed = translator.parse(call.body)
         history: list[Message] = []
+        hint = session_header(call.request)
         if parsed.previous_response_id:
             require_model_key(call.principal)
             history = await store_of(call.request).conversation(
                 parsed.previous_response_id, call.principal, call.request
             )
-        return [translator.to_internal(parsed, call.body, history, session_header(call.request))]
+        elif parsed.conversation is not None:
+            require_model_key(call.principal)
+            cid = conversations.conversation_id(parsed.conversation)
+            history = await conversations.history(call.request, call.principal, cid)
+            hint = cid
+            self.turn = conversations.Turn(call.request, call.principal, cid, call.body)
+        return [translator.to_internal(parsed, call.body, history, hint)]
 
     def body(self, prep: Prepared, completions: list[Completion]) -> dict[str, Any]:
         return translator.response_body(prep, completions[0], self.model)
 
     def writer(self, prep: Prepared) -> StreamWriter:
-        return ResponsesStream(prep, self.model)
+        stream = ResponsesStream(prep, self.model)
+        if self.turn is not None:
+            self.turn.output = lambda: stream.items.items
+        return stream
 
     def recorded(self, prep: Prepared) -> Hook:
-        """The response is kept for ``previous_response_id`` and ``GET`` once recorded."""
+        """The response is kept for ``previous_response_id`` and ``GET`` once recorded,
+        and noted for its conversation's items."""
         call = self.call
         store = store_of(call.request)
+        turn = self.turn
 
         def remember(completions: list[Completion]) -> None:
             sid = prep.session.session_id
             output = output_json(completions[0])
             store.remember(prep.interaction_id, call.principal.project_id, sid, call.body, output)
+            if turn is not None:
+                turn.recorded(prep.interaction_id)
 
         return remember
+
+    async def answer(self, preps: list[Prepared]) -> Response:
+        """The answer; with a ``conversation``, its input and output items are appended
+        before the answer (or the stream's ``response.completed``) reaches the client."""
+        response = await super().answer(preps)
+        return response if self.turn is None else await self.turn.finish(response)
 
 
 @router.post("/v1/responses")
@@ -78,6 +104,12 @@ async def create_response(request: Request) -> Response:
 @router.get("/v1/responses/{response_id}")
 async def get_response(response_id: str, request: Request) -> dict[str, Any]:
     """A stored response, rebuilt from its record (output item ids are fresh)."""
+    row = await _stored(request, response_id)
+    return translator.stored_response(row, gw_of(request).settings.served_model_name)
+
+
+async def _stored(request: Request, response_id: str) -> InteractionRow:
+    """A stored response the caller may read (403 for a feedback key, 404 otherwise)."""
     gw = gw_of(request)
     p = await principal(request)
     require_kind(p, "agent", "admin")  # a feedback key rates ids, it does not read outputs
@@ -99,4 +131,13 @@ async def get_response(response_id: str, request: Request) -> dict[str, Any]:
         or not response_id.startswith(translator.ID_PREFIX)
     ):
         raise APIError(404, f"no response with id '{response_id}' was found")
-    return translator.stored_response(row, gw.settings.served_model_name)
+    return row
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(response_id: str, request: Request) -> dict[str, Any]:
+    """The input items of a stored response (its own ``input``, not what
+    ``previous_response_id`` or ``conversation`` added), ids derived from the response."""
+    params = list_params(request)
+    row = await _stored(request, response_id)
+    return page_of(api_items(row.request.get("input"), "input", response_id), params)

@@ -5,7 +5,8 @@
   message first (instructions are not carried over from a previous response, as OpenAI
   documents);
 - ``previous_response_id``: the router rebuilds the earlier conversation from the recorded
-  interactions (``store.py``) and hands it in as ``history``;
+  interactions (``store.py``) and hands it in as ``history``; with ``conversation`` the
+  history is the conversation's items (``conversations.py``);
 - function ``tools`` -> tools; ``tool_choice`` auto/none/required/{function}.
 
 Token ids and logprobs never pass through here; the Pipeline records them.
@@ -46,7 +47,13 @@ def parse(body: Any) -> ResponsesRequest:
     openai_format((req.text or {}).get("format"), "text.format", nested=False)  # checked early
     if req.truncation not in (None, "disabled", "auto"):
         raise bad_request("truncation must be 'disabled' or 'auto'", "truncation")
-    if isinstance(req.input, list) and not req.input and not req.previous_response_id:
+    if req.conversation is not None and req.previous_response_id:
+        raise bad_request(
+            "conversation and previous_response_id cannot be used together; send one",
+            "conversation",
+        )
+    continued = req.previous_response_id or req.conversation is not None
+    if isinstance(req.input, list) and not req.input and not continued:
         raise bad_request("input must not be empty", "input")
     return req
 
