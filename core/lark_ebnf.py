@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-from core.regex_ebnf import GrammarSyntaxError, ebnf_string, regex_to_ebnf, repeat
+from core.regex_ebnf import GrammarSyntaxError, class_char, ebnf_string, regex_to_ebnf, repeat
 
 __all__ = ["GrammarSyntaxError", "lark_to_ebnf"]
 
@@ -189,7 +189,7 @@ class _Body:
                 hi = _string(tok2) if kind2 == "str" else ""
                 if len(value) != 1 or len(hi) != 1:
                     raise GrammarSyntaxError(f"{self.where}: a range needs two 1-character strings")
-                return "[" + _range_char(value) + "-" + _range_char(hi) + "]"
+                return "[" + class_char(value) + "-" + class_char(hi) + "]"
             return ebnf_string(value)
         if kind == "re":
             pattern, flags = tok[1:].rsplit("/", 1)
@@ -207,10 +207,6 @@ class _Body:
             self.names.add(tok)
             return _rule_name(tok)
         raise GrammarSyntaxError(f"{self.where}: unexpected {tok or 'end of definition'!r}")
-
-
-def _range_char(ch: str) -> str:
-    return "\\" + ch if ch in "]\\^-[" else ch
 
 
 def _rule_name(name: str) -> str:

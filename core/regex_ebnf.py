@@ -46,10 +46,13 @@ def ebnf_string(s: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def _class_char(ch: str) -> str:
-    """One character inside an EBNF character class."""
-    if ch in "]\\^-[":
+def class_char(ch: str) -> str:
+    """One character inside an EBNF character class (``-`` and ``^`` as hex: GBNF readers
+    take no other escape for them)."""
+    if ch in "]\\[":
         return "\\" + ch
+    if ch in "-^":
+        return f"\\x{ord(ch):02x}"
     if ch == "\n":
         return "\\n"
     if ch == "\t":
@@ -194,7 +197,7 @@ class _Regex:
             raise self.fail(f"the escape \\{ch} (a backreference, boundary or class)")
         else:
             lit = ch
-        return _class_char(lit) if in_class else ebnf_string(lit)
+        return class_char(lit) if in_class else ebnf_string(lit)
 
     def char_class(self) -> str:
         negate = self.peek() == "^"
@@ -211,12 +214,12 @@ class _Regex:
                 break
             first = False
             self.i += 1
-            item = self.escape(in_class=True) if ch == "\\" else _class_char(ch)
+            item = self.escape(in_class=True) if ch == "\\" else class_char(ch)
             if self.peek() == "-" and self.s[self.i + 1 : self.i + 2] not in ("]", ""):
                 self.i += 1
                 hi_ch = self.peek()
                 self.i += 1
-                hi = self.escape(in_class=True) if hi_ch == "\\" else _class_char(hi_ch)
+                hi = self.escape(in_class=True) if hi_ch == "\\" else class_char(hi_ch)
                 item = f"{item}-{hi}"
             items.append(item)
         return "[" + ("^" if negate else "") + "".join(items) + "]"

@@ -41,8 +41,8 @@ def _format(fmt: Any, where: str) -> CustomFormat:
         return CustomFormat()
     if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "grammar"):
         raise bad_request(
-            f"{where} must be {{'type': 'text'}} or {{'type': 'grammar', 'syntax': 'lark' | "
-            "'regex', 'definition': '...'}",
+            f"{where}.type must be 'text' or 'grammar' (a format is {{'type': 'text'}} or "
+            "{'type': 'grammar', 'syntax': 'lark' | 'regex', 'definition': '...'})",
             f"{where}.type",
         )
     if fmt["type"] == "text":
