@@ -216,7 +216,7 @@ BAD = [
     ),
     (
         {"format": {"type": "grammar", "syntax": "lark", "definition": 'start: "a"\n%ignore " "'}},
-        "definition",
+        "format.definition",
     ),
     ({"format": {"type": "json"}}, "format.type"),
     ({"name": "bad name"}, "name"),
