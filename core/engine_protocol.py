@@ -103,12 +103,13 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Tag:
-    """One tagged JSON value of a structural tag: ``begin``, a value valid against
-    ``schema``, ``end``."""
+    """One tag of a structural tag: ``begin``, a JSON value valid against ``schema`` (or,
+    given ``content``, that xgrammar format: ``grammar``, ``any_text``), ``end``."""
 
     begin: str
     schema: dict[str, Any]
     end: str
+    content: dict[str, Any] | None = None
 
 
 def structural_tag(
@@ -126,7 +127,7 @@ def structural_tag(
             {
                 "type": "tag",
                 "begin": t.begin,
-                "content": {"type": "json_schema", "json_schema": t.schema},
+                "content": t.content or {"type": "json_schema", "json_schema": t.schema},
                 "end": t.end,
             }
             for t in tags

@@ -24,7 +24,7 @@ import llguidance.torch as llg_torch
 import torch
 from llguidance.gbnf_to_lark import any_to_lark
 
-from engine.structural_tag import StructuralTagError, to_lark
+from engine.structural_tag import StructuralTagError, to_grammar
 
 MAX_GRAMMAR_CHARS = 400_000  # a constraint text larger than this is refused (a structural
 # tag holds the schemas of every tool offered)
@@ -85,7 +85,7 @@ class GrammarCompiler:
             elif kind == "ebnf":
                 grammar = llguidance.LLMatcher.grammar_from_lark(any_to_lark(source))
             elif kind == "structural_tag":
-                grammar = llguidance.LLMatcher.grammar_from_lark(to_lark(source))
+                grammar = to_grammar(source)
             else:
                 raise GrammarError(f"unknown constraint kind {kind!r}")
         except StructuralTagError as e:

@@ -9,6 +9,10 @@ them:
 - ``{"type": "const_string", "value": s}``: exactly ``s``;
 - ``{"type": "json_schema", "json_schema": schema}``: a JSON value valid against
   ``schema`` (its ``$defs`` stay its own: each schema is its own ``%json`` rule);
+- ``{"type": "grammar", "grammar": ebnf}``: text of the EBNF (GBNF) grammar, which
+  becomes its own llguidance subgrammar (its rule names stay its own);
+- ``{"type": "any_text"}``, only as a tag's content: any text up to the first of the
+  tag's ends (a custom tool's free-form input, gateway/custom_tools.py);
 - ``{"type": "sequence", "elements": [F, ...]}`` and ``{"type": "or", "elements": [...]}``;
 - ``{"type": "tag", "begin": s, "content": F, "end": s | [s, ...]}``;
 - ``{"type": "tags_with_separator", "tags": [tag, ...], "separator": s,
@@ -24,7 +28,36 @@ from __future__ import annotations
 import json
 from typing import Any
 
-SUPPORTED = ("const_string", "json_schema", "sequence", "or", "tag", "tags_with_separator")
+from llguidance.gbnf_to_lark import any_to_lark
+
+SUPPORTED = (
+    "const_string",
+    "json_schema",
+    "grammar",
+    "any_text",
+    "sequence",
+    "or",
+    "tag",
+    "tags_with_separator",
+)
+_REGEX_SPECIAL = set("\\.^$|?*+()[]{}/-&~")
+
+
+def _regex_literal(s: str) -> str:
+    """``s`` matched literally inside a Lark ``/.../`` regex (llguidance's syntax)."""
+    out = []
+    for ch in s:
+        if ch in _REGEX_SPECIAL:
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\r":
+            out.append("\\r")
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 class StructuralTagError(ValueError):
@@ -49,6 +82,7 @@ class _Lark:
 
     def __init__(self) -> None:
         self.rules: list[str] = []
+        self.subgrammars: list[str] = []  # Lark of each ``grammar`` format, named g0, g1...
 
     def rule(self, body: str) -> str:
         name = f"r{len(self.rules)}"
@@ -63,8 +97,21 @@ class _Lark:
         if not ends:
             raise StructuralTagError(f"{where}.end must be a string or a non-empty list")
         tail = " | ".join(_lit(e, f"{where}.end") for e in ends)
-        content = self.format(fmt.get("content"), f"{where}.content")
-        return self.rule(f"{_lit(fmt.get('begin'), f'{where}.begin')} {content} ({tail})")
+        begin = _lit(fmt.get("begin"), f"{where}.begin")
+        body = fmt.get("content")
+        if isinstance(body, dict) and body.get("type") == "any_text":
+            # one lazy lexeme: any text, ended by the first end string
+            for e in ends:
+                _lit(e, f"{where}.end")
+            alts = "|".join(_regex_literal(e) for e in ends)
+            return self.rule(f"{begin} {self.rule_lazy(f'/(?s:.*)({alts})/')}")
+        content = self.format(body, f"{where}.content")
+        return self.rule(f"{begin} {content} ({tail})")
+
+    def rule_lazy(self, body: str) -> str:
+        name = f"r{len(self.rules)}"
+        self.rules.append(f"{name}[lazy]: {body}")
+        return name
 
     def format(self, fmt: Any, where: str) -> str:
         if not isinstance(fmt, dict):
@@ -81,6 +128,18 @@ class _Lark:
             if not isinstance(schema, dict):
                 raise StructuralTagError(f"{where}.json_schema must be a JSON Schema object")
             return self.rule("%json " + json.dumps(schema))
+        if kind == "grammar":
+            ebnf = fmt.get("grammar")
+            if not isinstance(ebnf, str) or not ebnf.strip():
+                raise StructuralTagError(f"{where}.grammar must be a non-empty EBNF string")
+            try:
+                lark = any_to_lark(ebnf)
+            except Exception as e:  # noqa: BLE001 - the converter's own errors vary
+                raise StructuralTagError(f"{where}.grammar cannot be read: {e}") from None
+            self.subgrammars.append(lark)
+            return f"@g{len(self.subgrammars) - 1}"
+        if kind == "any_text":
+            raise StructuralTagError(f"{where}: any_text is supported only as a tag's content")
         if kind == "sequence":
             parts = [
                 self.format(e, f"{where}.elements[{i}]")
@@ -111,8 +170,9 @@ class _Lark:
         )
 
 
-def to_lark(source: str) -> str:
-    """The Lark grammar (llguidance's dialect, ``%json`` for schemas) of a structural tag."""
+def to_grammar(source: str) -> str:
+    """The llguidance grammar (JSON: the main Lark grammar, ``%json`` for schemas, then
+    one subgrammar per ``grammar`` format) of a structural tag."""
     try:
         tag = json.loads(source)
     except json.JSONDecodeError as e:
@@ -130,4 +190,7 @@ def to_lark(source: str) -> str:
         )
     lark = _Lark()
     top = lark.format(tag["format"], "format")
-    return "\n".join([f"start: {top}", *lark.rules]) + "\n"
+    main = "\n".join([f"start: {top}", *lark.rules]) + "\n"
+    grammars = [{"lark_grammar": main}]
+    grammars += [{"name": f"g{i}", "lark_grammar": g} for i, g in enumerate(lark.subgrammars)]
+    return json.dumps({"grammars": grammars})

@@ -16,6 +16,10 @@ and clients such as pydantic-ai's structured output force a single tool. The eng
 masks every other token, so the recorded logprobs are those of the masked distribution,
 as for structured output.
 
+A custom tool (Responses, gateway/custom_tools.py) is forced the same way, in its own
+envelope, its input matching its grammar (or any text for a text format). A tool-call
+format without a custom envelope (``llama3_json``) cannot force one: a 400.
+
 A forced call wins over structured output (``response_format``, ``text.format``,
 ``output_config.format``): those shape a text answer, and a forced turn has none.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from core import engine_protocol as proto
+from gateway.custom_tools import call_content
 from gateway.errors import bad_request
 from gateway.parsing import TOOL_PARSERS
 from gateway.request import GenerationRequest, Tool
@@ -48,8 +53,18 @@ def call_grammar(tools: list[Tool], parser: str, *, parallel: bool) -> str:
     fmt = TOOL_PARSERS[parser]
     tags = []
     for t in tools:
-        begin, end = fmt.frame(t.name)
-        tags.append(proto.Tag(begin, _arguments_schema(t), end))
+        if t.custom is None:
+            begin, end = fmt.frame(t.name)
+            tags.append(proto.Tag(begin, _arguments_schema(t), end))
+            continue
+        if fmt.custom_frame is None:
+            raise bad_request(
+                f"the gateway's tool-call format ({parser}) has no form for custom tool calls, "
+                f"so it cannot force the custom tool '{t.name}'; use tool_choice 'auto'",
+                "tool_choice",
+            )
+        begin, end = fmt.custom_frame(t.name)
+        tags.append(proto.Tag(begin, {}, end, content=call_content(t)))
     return proto.structural_tag(
         tags, fmt.separator, at_least_one=True, stop_after_first=not parallel
     )

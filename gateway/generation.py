@@ -15,6 +15,7 @@ from typing import Any
 from core import engine_protocol as proto
 from core.errors import APIError
 from gateway.auth import Principal
+from gateway.custom_tools import custom_names
 from gateway.output_limit import OutputLimit
 from gateway.parsing import parse_output
 from gateway.request import Completion, GenerationRequest, Message, ToolCallOut
@@ -99,7 +100,9 @@ def engine_completion(
         got = out if isinstance(out, proto.Output) else proto.read_output(out)
     except proto.BadAnswer as e:
         raise APIError(503, str(e)) from None
-    content, thought, calls = parse_output(got.text, parser, reasoning)
+    content, thought, calls = parse_output(
+        got.text, parser, reasoning, custom_names(prep.req.tools)
+    )
     fr = got.finish_reason or "stop"
     if calls and fr == "stop":
         fr = "tool_calls"
@@ -139,10 +142,25 @@ def output_json(c: Completion) -> dict[str, Any]:
     return {
         "text": c.content,
         "reasoning": c.reasoning,
-        "tool_calls": [
-            {"id": t.id, "name": t.name, "arguments": t.arguments} for t in c.tool_calls
-        ],
+        "tool_calls": [stored_call(t) for t in c.tool_calls],
     }
+
+
+def stored_call(t: ToolCallOut) -> dict[str, Any]:
+    """A tool call as ``interactions.output`` stores it; a custom call's input is its
+    ``arguments``, marked ``"type": "custom"``."""
+    out = {"id": t.id, "name": t.name, "arguments": t.arguments}
+    return {**out, "type": "custom"} if t.custom else out
+
+
+def read_stored_call(d: dict[str, Any]) -> ToolCallOut:
+    """The inverse of ``stored_call``."""
+    return ToolCallOut(
+        str(d.get("id", "")),
+        str(d.get("name", "")),
+        str(d.get("arguments", "{}")),
+        custom=d.get("type") == "custom",
+    )
 
 
 def interaction_record(

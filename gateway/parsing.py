@@ -38,26 +38,52 @@ def _call(name: object, args: object) -> ToolCallOut | None:
 
 
 class HermesToolParser:
-    """Hermes / Qwen: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``."""
+    """Hermes / Qwen: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``; a call
+    of a custom tool (one of ``custom``, gateway/custom_tools.py) is
+    ``<tool_call name="NAME">\nINPUT\n</tool_call>``, its input raw text."""
 
     start = "<tool_call>"
     end = "</tool_call>"
     separator = "\n"  # between two calls, when the call is forced (gateway/forced_tools.py)
-    _block = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+    _block = re.compile(r'<tool_call(?: name="([A-Za-z0-9_-]+)")?>(.*?)</tool_call>', re.S)
+
+    def __init__(self, custom: frozenset[str] = frozenset()) -> None:
+        self.custom = custom
+        if custom:  # a custom call opens with '<tool_call name=': hold that back too
+            self.start = "<tool_call"
 
     @staticmethod
     def frame(name: str) -> tuple[str, str]:
         """The text around a call's arguments, as the template's tool prompt shows it."""
         return f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": ', "}\n</tool_call>"
 
+    @staticmethod
+    def custom_frame(name: str) -> tuple[str, str]:
+        """The text around a custom call's input (raw: never JSON-escaped)."""
+        return f'<tool_call name="{name}">\n', "\n</tool_call>"
+
+    def _custom_call(self, name: str, body: str) -> ToolCallOut | None:
+        if name not in self.custom:
+            return None
+        text = body.removeprefix("\n").removesuffix("\n")  # the frame's own newlines
+        return ToolCallOut(id=new_call_id(), name=name, arguments=text, custom=True)
+
     def parse(self, text: str) -> tuple[str, list[ToolCallOut]]:
         if self.start not in text:
             return text, []
         calls: list[ToolCallOut] = []
-        for body in self._block.findall(text):
+        for name, body in self._block.findall(text):
+            if name:
+                call = self._custom_call(name, body)
+                if call is None:
+                    return text, []
+                calls.append(call)
+                continue
             try:
-                obj = json.loads(body)
+                obj = json.loads(body.strip())
             except json.JSONDecodeError:
+                return text, []
+            if not isinstance(obj, dict):
                 return text, []
             call = _call(obj.get("name"), obj.get("arguments", obj.get("parameters")))
             if call is None:
@@ -76,6 +102,10 @@ class Llama3JsonToolParser:
     start = "{"
     end = "}"
     separator = ";"
+    custom_frame = None  # no custom-call format: forcing a custom call is refused
+
+    def __init__(self, custom: frozenset[str] = frozenset()) -> None:
+        self.custom = custom  # never read: this format has no custom calls
 
     @staticmethod
     def frame(name: str) -> tuple[str, str]:
@@ -196,14 +226,15 @@ class StreamingParser:
 
 
 def parse_output(
-    text: str, tool_parser: str | None, reasoning: bool
+    text: str, tool_parser: str | None, reasoning: bool, custom: frozenset[str] = frozenset()
 ) -> tuple[str | None, str | None, list[ToolCallOut]]:
-    """Whole-text parse: (content, reasoning, tool_calls)."""
+    """Whole-text parse: (content, reasoning, tool_calls); ``custom``: the custom tools
+    offered, whose calls are read in their own envelope."""
     thought: str | None = None
     if reasoning:
         thought, text = split_reasoning(text)
     calls: list[ToolCallOut] = []
     if tool_parser:
-        text, calls = TOOL_PARSERS[tool_parser]().parse(text)
+        text, calls = TOOL_PARSERS[tool_parser](custom).parse(text)
     content = text if text or not calls else None
     return content, thought, calls

@@ -17,6 +17,7 @@ from core import engine_protocol as proto
 from core.errors import APIError
 from gateway.adapter_leases import Leases
 from gateway.auth import Principal, require_model_key
+from gateway.custom_tools import custom_names
 from gateway.engine_client import AdapterNotLoaded, EngineClient
 from gateway.forced_tools import forced_grammar
 from gateway.generation import (
@@ -232,7 +233,8 @@ class Pipeline:
 
         async def one(index: int) -> None:
             name = self._parser_name(prep)
-            parser = StreamingParser(TOOL_PARSERS[name]() if name else None, self._reasoning(prep))
+            tp = TOOL_PARSERS[name](custom_names(prep.req.tools)) if name else None
+            parser = StreamingParser(tp, self._reasoning(prep))
             reader = proto.StreamReader()
             partial[index] = reader
             async with self.engines.stream(

@@ -12,7 +12,8 @@ class ToolCallOut:
 
     id: str
     name: str
-    arguments: str  # JSON text as the model wrote it
+    arguments: str  # JSON text as the model wrote it; a custom call's free-form input
+    custom: bool = False  # a call of a custom tool (Responses ``custom_tool_call``)
 
 
 @dataclass
@@ -25,11 +26,23 @@ class Message:
     reasoning: str | None = None
 
 
+@dataclass(frozen=True)
+class CustomFormat:
+    """A custom tool's input format (Responses ``format``): ``syntax`` text | lark | regex,
+    the ``definition`` as sent, and ``ebnf``, the grammar both engines get (None for text;
+    core/lark_ebnf.py)."""
+
+    syntax: str = "text"
+    definition: str = ""
+    ebnf: str | None = None
+
+
 @dataclass
 class Tool:
     name: str
     description: str
     parameters: dict[str, Any]
+    custom: CustomFormat | None = None  # a Responses custom tool: free-form text input
 
 
 @dataclass

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.errors import bad_request
-from gateway.request import Message, Tool
+from gateway.parsing import HermesToolParser
+from gateway.request import Message, Tool, ToolCallOut
 
 HERMES_TOOLS_PROMPT = (
     "You are a function calling AI model. You are provided with function signatures "
@@ -25,6 +26,39 @@ HERMES_TOOLS_PROMPT = (
     "<tool_call></tool_call> XML tags as follows:\n<tool_call>\n"
     '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
 )
+
+CUSTOM_TOOLS_PROMPT = (
+    "\nTools of type custom take free-form text, not JSON: call one with its input as it "
+    'is, within <tool_call name="<tool-name>"></tool_call> XML tags as follows:\n'
+    '<tool_call name="<tool-name>">\n<input>\n</tool_call>'
+)
+
+
+def tool_spec(t: Tool) -> dict[str, Any]:
+    """A tool as the tool prompt lists it: a function, or a custom tool with its format
+    (gateway/custom_tools.py)."""
+    if t.custom is not None:
+        fmt: dict[str, Any] = {"type": "text"}
+        if t.custom.ebnf is not None:
+            fmt = {"type": "grammar", "syntax": t.custom.syntax, "definition": t.custom.definition}
+        return {"type": "custom", "name": t.name, "description": t.description, "format": fmt}
+    return {
+        "type": "function",
+        "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+    }
+
+
+def call_text(c: ToolCallOut) -> str:
+    """A tool call as the model writes it (the format gateway/parsing.py reads back)."""
+    if c.custom:
+        begin, end = HermesToolParser.custom_frame(c.name)
+        return begin + c.arguments + end
+    return (
+        "<tool_call>\n"
+        + json.dumps({"name": c.name, "arguments": _args_obj(c.arguments)})
+        + "\n</tool_call>"
+    )
+
 
 # The chat-template variables a client may set (OpenAI ``chat_template_kwargs``, as in
 # vLLM/SGLang), with the values each accepts. Only plain switches that real templates
@@ -74,6 +108,7 @@ def prompt_chars(messages: list[Message], tools: list[Tool]) -> int:
         n += sum(len(c.name) + len(c.arguments) for c in m.tool_calls)
     for t in tools:
         n += len(t.name) + len(t.description) + len(json.dumps(t.parameters))
+        n += len(t.custom.definition) if t.custom else 0
     return n
 
 
@@ -112,6 +147,19 @@ def _args_obj(arguments: str) -> Any:
         return arguments
 
 
+def _native_spec(t: Tool) -> dict[str, Any]:
+    """A tool for a template that lists tools itself: a custom tool as a function whose
+    description says how to call it (templates know only functions)."""
+    if t.custom is None:
+        return tool_spec(t)
+    begin, end = HermesToolParser.custom_frame(t.name)
+    how = f"Custom tool: free-form input, not JSON; call it as {begin}<input>{end}"
+    if t.custom.ebnf is not None:
+        how += f" with input in this {t.custom.syntax} grammar:\n{t.custom.definition}"
+    desc = f"{t.description}\n{how}" if t.description else how
+    return {"type": "function", "function": {"name": t.name, "description": desc, "parameters": {}}}
+
+
 class ChatRenderer:
     def __init__(self, tokenizer: Any, context_length: int) -> None:
         self.tokenizer = tokenizer
@@ -127,32 +175,17 @@ class ChatRenderer:
     def _hermes_messages(self, messages: list[Message], tools: list[Tool]) -> list[dict]:
         out: list[dict] = []
         if tools:
-            specs = "\n".join(
-                json.dumps(
-                    {
-                        "type": "function",
-                        "function": {
-                            "name": t.name,
-                            "description": t.description,
-                            "parameters": t.parameters,
-                        },
-                    }
-                )
-                for t in tools
-            )
+            specs = "\n".join(json.dumps(tool_spec(t)) for t in tools)
             system = HERMES_TOOLS_PROMPT.format(tools=specs)
+            if any(t.custom for t in tools):
+                system += CUSTOM_TOOLS_PROMPT
             if messages and messages[0].role == "system":
                 system = messages[0].content + "\n\n" + system
                 messages = messages[1:]
             out.append({"role": "system", "content": system})
         for m in messages:
             if m.role == "assistant" and m.tool_calls:
-                calls = "\n".join(
-                    "<tool_call>\n"
-                    + json.dumps({"name": c.name, "arguments": _args_obj(c.arguments)})
-                    + "\n</tool_call>"
-                    for c in m.tool_calls
-                )
+                calls = "\n".join(call_text(c) for c in m.tool_calls)
                 text = (m.content + "\n" if m.content else "") + calls
                 out.append({"role": "assistant", "content": text})
             elif m.role == "tool":
@@ -167,7 +200,10 @@ class ChatRenderer:
         out: list[dict] = []
         for m in messages:
             d: dict[str, Any] = {"role": m.role, "content": m.content}
-            if m.tool_calls:
+            custom = [c for c in m.tool_calls if c.custom]  # no native form: written as text
+            if custom:
+                d["content"] = "\n".join([m.content, *map(call_text, custom)]).lstrip("\n")
+            if any(not c.custom for c in m.tool_calls):
                 d["tool_calls"] = [
                     {
                         "id": c.id,
@@ -175,6 +211,7 @@ class ChatRenderer:
                         "function": {"name": c.name, "arguments": _args_obj(c.arguments)},
                     }
                     for c in m.tool_calls
+                    if not c.custom
                 ]
             if m.tool_call_id:
                 d["tool_call_id"] = m.tool_call_id
@@ -196,17 +233,7 @@ class ChatRenderer:
         if self.native_tools:
             msgs = self._native_messages(messages)
             if tools:
-                kwargs["tools"] = [
-                    {
-                        "type": "function",
-                        "function": {
-                            "name": t.name,
-                            "description": t.description,
-                            "parameters": t.parameters,
-                        },
-                    }
-                    for t in tools
-                ]
+                kwargs["tools"] = [_native_spec(t) for t in tools]
         else:
             msgs = self._hermes_messages(messages, tools)
         try:

@@ -145,7 +145,13 @@ class ToolCall(BaseModel):
 
     id: str
     name: str
-    arguments: str = Field(description="the arguments as the model wrote them (JSON text)")
+    arguments: str = Field(
+        description="the arguments as the model wrote them (JSON text); for a custom tool "
+        "call, its free-form input"
+    )
+    type: Literal["function", "custom"] = Field(
+        "function", description="custom: a call of an OpenAI Responses custom tool"
+    )
 
 
 class ParsedOutput(BaseModel):

@@ -26,6 +26,7 @@ import pytest
 from core import engine_protocol as proto
 from core.engine_http import EngineHTTP
 from core.live_adapters import drop_live, make_live
+from core.regex_ebnf import ebnf_string, regex_to_ebnf
 from gateway.engine_client import EngineClient
 from tests.engine.conftest import Target
 
@@ -205,6 +206,40 @@ def test_structural_tag_forces_tagged_json(target: Target) -> None:
             for name, value in found:
                 jsonschema.validate(json.loads(value), schemas[name])
             assert len(out.logprobs) == len(out.ids)
+
+
+def test_structural_tag_grammar_and_text_content(target: Target) -> None:
+    """What forced custom tool calls send (gateway/custom_tools.py): a tag whose content is
+    an EBNF grammar (raw text: newlines and quotes need no escapes) or any text up to the
+    end; and under a grammar admitting exactly the free greedy answer, the same tokens with
+    logprobs of the masked distribution (renormalized: never lower, higher in sum)."""
+    words = regex_to_ebnf(r'"[a-z]{2,4}"\n[0-9]{2}')
+    grammar = {"type": "grammar", "grammar": f"root ::= {words}\n"}
+    with _engine(target) as e:
+        for content, pattern in (
+            (grammar, r'"[a-z]{2,4}"\n[0-9]{2}'),
+            ({"type": "any_text"}, ".*"),
+        ):
+            tag = proto.structural_tag(
+                [proto.Tag("<a>\n", {}, "\n</a>", content=content)],
+                "",
+                at_least_one=True,
+                stop_after_first=True,
+            )
+            sampling = proto.Sampling(max_new_tokens=24, temperature=0.0, structural_tag=tag)
+            out = _one(e, sampling)
+            if out.finish_reason == "stop" or content is grammar:
+                m = re.fullmatch(r"<a>\n(.*)\n</a>", out.text, re.S)
+                assert m and re.fullmatch(pattern, m.group(1), re.S), out.text
+        prompt = [*PROMPT, 198, 1, 520, 9531, 198]  # + "\n<|im_start|>assistant\n": plain text
+        free = _one_body(e, proto.generate_body(prompt, proto.Sampling(6, 0.0)))
+        exact = {"type": "grammar", "grammar": f"root ::= {ebnf_string(free.text)}\n"}
+        tag = json.dumps({"type": "structural_tag", "format": exact})
+        sampling = proto.Sampling(6, 0.0, structural_tag=tag)
+        masked = _one_body(e, proto.generate_body(prompt, sampling))
+    assert masked.text == free.text and masked.ids == free.ids
+    assert all(m >= f - 1e-4 for m, f in zip(masked.logprobs, free.logprobs, strict=True))
+    assert sum(masked.logprobs) > sum(free.logprobs) + 1e-3
 
 
 def test_lora_load_unload_reload_and_the_live_fence(target: Target, adapter_dirs, tmp_path) -> None:  # type: ignore[no-untyped-def]

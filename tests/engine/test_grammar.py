@@ -86,7 +86,7 @@ def test_masked_logprobs_are_renormalized(generate, client, tokenizer) -> None: 
         ({"structural_tag": '{"structures": [], "triggers": []}'}, "legacy structural_tag"),
         (
             {"structural_tag": '{"type": "structural_tag", "format": {"type": "any_text"}}'},
-            "'any_text' is not supported",
+            "any_text is supported only as a tag's content",
         ),
         (
             {

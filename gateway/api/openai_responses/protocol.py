@@ -80,6 +80,16 @@ def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
 def call_item(
     item_id: str, call: ToolCallOut, status: str = "completed", ns: dict[str, str] | None = None
 ) -> dict[str, Any]:
+    """A ``function_call`` item, or a ``custom_tool_call`` for a custom call."""
+    if call.custom:
+        return {
+            "type": "custom_tool_call",
+            "id": item_id,
+            "call_id": call.id,
+            "name": call.name,
+            "input": call.arguments,
+            "status": status,
+        }
     item = {
         "type": "function_call",
         "id": item_id,

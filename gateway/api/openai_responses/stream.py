@@ -89,21 +89,21 @@ class _Items:
 
     def call(self, call: ToolCallOut) -> list[bytes]:
         out = self.close()
-        item_id = new_id("fc")
+        item_id = new_id("ctc" if call.custom else "fc")
         added = call_item(item_id, call, "in_progress", self.ns)
-        added["arguments"] = ""
+        added["input" if call.custom else "arguments"] = ""
         self.items.append(call_item(item_id, call, ns=self.ns))
         ref = {"item_id": item_id, "output_index": self.index}
         out.append(self.ev("response.output_item.added", output_index=self.index, item=added))
-        out.append(self.ev("response.function_call_arguments.delta", **ref, delta=call.arguments))
-        out.append(
-            self.ev(
-                "response.function_call_arguments.done",
-                **ref,
-                name=call.name,
-                arguments=call.arguments,
+        if call.custom:  # a custom call's input (OpenAI's custom_tool_call_input events)
+            out.append(
+                self.ev("response.custom_tool_call_input.delta", **ref, delta=call.arguments)
             )
-        )
+            out.append(self.ev("response.custom_tool_call_input.done", **ref, input=call.arguments))
+        else:
+            kind = "response.function_call_arguments"
+            out.append(self.ev(f"{kind}.delta", **ref, delta=call.arguments))
+            out.append(self.ev(f"{kind}.done", **ref, name=call.name, arguments=call.arguments))
         out.append(
             self.ev("response.output_item.done", output_index=self.index, item=self.items[-1])
         )

@@ -1,13 +1,15 @@
 """OpenAI Responses <-> the internal request type.
 
-- ``input`` (a string, or items: ``message``, ``function_call``, ``function_call_output``;
-  ``reasoning`` items are accepted and skipped) -> messages; ``instructions`` -> a system
+- ``input`` (a string, or items: ``message``, ``function_call``, ``function_call_output``,
+  ``custom_tool_call``, ``custom_tool_call_output``; ``reasoning`` items are accepted and
+  skipped) -> messages; ``instructions`` -> a system
   message first (instructions are not carried over from a previous response, as OpenAI
   documents);
 - ``previous_response_id``: the router rebuilds the earlier conversation from the recorded
   interactions (``store.py``) and hands it in as ``history``; with ``conversation`` the
   history is the conversation's items (``conversations.py``);
-- function ``tools`` -> tools; ``tool_choice`` auto/none/required/{function}.
+- function, ``namespace`` and ``custom`` ``tools`` -> tools (gateway/custom_tools.py);
+  ``tool_choice`` auto/none/required/{function}/{custom}.
 
 Token ids and logprobs never pass through here; the Pipeline records them.
 """
@@ -29,7 +31,9 @@ from gateway.api.openai_responses.protocol import (
     reasoning_item,
     response_json,
 )
+from gateway.custom_tools import custom_tool
 from gateway.errors import bad_request
+from gateway.generation import read_stored_call
 from gateway.pipeline import Prepared
 from gateway.request import Completion, GenerationRequest, Message, Sampling, Tool, ToolCallOut
 from gateway.structured import openai_format
@@ -98,25 +102,28 @@ def parse_input(items: str | list[Any], where: str = "input") -> list[Message]:
                     f"{w}.role",
                 )
             out.append(Message(role, _content(item.get("content"), f"{w}.content")))
-        elif kind == "function_call":
-            call_id, name, args = item.get("call_id"), item.get("name"), item.get("arguments")
+        elif kind in ("function_call", "custom_tool_call"):
+            call_id, name = item.get("call_id"), item.get("name")
             if not isinstance(call_id, str) or not isinstance(name, str):
-                raise bad_request(f"{w} (function_call) needs string 'call_id' and 'name'", w)
-            if args is None:
-                args = "{}"
-            if not isinstance(args, str):
-                args = json.dumps(args)
-            call = ToolCallOut(call_id, name, args)
+                raise bad_request(f"{w} ({kind}) needs string 'call_id' and 'name'", w)
+            if kind == "custom_tool_call":
+                if not isinstance(item.get("input"), str):
+                    raise bad_request(f"{w}.input must be a string", f"{w}.input")
+                call = ToolCallOut(call_id, name, item["input"], custom=True)
+            else:
+                args = item.get("arguments")
+                args = "{}" if args is None else args
+                call = ToolCallOut(
+                    call_id, name, args if isinstance(args, str) else json.dumps(args)
+                )
             if out and out[-1].role == "assistant":
                 out[-1].tool_calls.append(call)
             else:
                 out.append(Message("assistant", "", tool_calls=[call]))
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
-                raise bad_request(
-                    f"{w}.call_id is required for a function_call_output", f"{w}.call_id"
-                )
+                raise bad_request(f"{w}.call_id is required for a {kind}", f"{w}.call_id")
             output = item.get("output")
             text = output if isinstance(output, str) else _content(output, f"{w}.output")
             out.append(Message("tool", text, tool_call_id=call_id))
@@ -125,7 +132,7 @@ def parse_input(items: str | list[Any], where: str = "input") -> list[Message]:
         else:
             raise bad_request(
                 f"{w} has type {kind!r}; supported input items are message, function_call, "
-                "function_call_output and reasoning",
+                "function_call_output, custom_tool_call, custom_tool_call_output and reasoning",
                 f"{w}.type",
             )
     return out
@@ -143,7 +150,7 @@ def namespaces(raw: Any) -> dict[str, str]:
 
 
 def parse_tools(raw: list[Any] | None, where_prefix: str = "tools") -> list[Tool]:
-    """Function tools; a ``namespace`` tool (a named group of functions; Codex sends its
+    """Function and custom tools; a ``namespace`` tool (a named group of functions; Codex sends its
     sub-agent tools as one) contributes its functions by their own names, and calls of
     them come back with the ``namespace`` field set."""
     tools: list[Tool] = []
@@ -155,11 +162,14 @@ def parse_tools(raw: list[Any] | None, where_prefix: str = "tools") -> list[Tool
                 raise bad_request(f"{where}.tools must be a list of function tools", where)
             tools += parse_tools(t["tools"], f"{where}.tools")
             continue
+        if isinstance(t, dict) and t.get("type") == "custom" and where_prefix == "tools":
+            tools.append(custom_tool(t, where, base.check_tool_name))
+            continue
         if not isinstance(t, dict) or t.get("type") != "function":
             kind = t.get("type") if isinstance(t, dict) else None
             raise bad_request(
-                f"{where} is a {kind!r} tool; only 'function' and 'namespace' tools are "
-                "supported (hosted tools such as web_search run at OpenAI, not here)",
+                f"{where} is a {kind!r} tool; only 'function', 'custom' and 'namespace' tools "
+                "are supported (hosted tools such as web_search run at OpenAI, not here)",
                 f"{where}.type",
             )
         tools.append(
@@ -175,12 +185,17 @@ def parse_tools(raw: list[Any] | None, where_prefix: str = "tools") -> list[Tool
 
 
 def _tool_choice(choice: Any, tools: list[Tool]) -> tuple[Any, list[Tool]]:
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        return base.choose_tools("named", tools, picked=choice.get("name"))
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
+        kind = choice["type"]
+        of_kind = [t for t in tools if (t.custom is not None) == (kind == "custom")]
+        return base.choose_tools(
+            "named", of_kind, picked=choice.get("name"), named=(f"{kind} tool", "tool_choice")
+        )
     if choice is None or choice in ("auto", "none", "required"):
         return base.choose_tools(choice, tools)
     raise bad_request(
-        "tool_choice must be 'auto', 'none', 'required' or {'type': 'function', 'name': ...}",
+        "tool_choice must be 'auto', 'none', 'required', {'type': 'function', 'name': ...} "
+        "or {'type': 'custom', 'name': ...}",
         "tool_choice",
     )
 
@@ -219,10 +234,7 @@ def to_internal(
 def history_turn(request: dict[str, Any], output: dict[str, Any]) -> list[Message]:
     """The messages one recorded response adds to a conversation: its input, its answer."""
     msgs = parse_input(request.get("input", []))
-    calls = [
-        ToolCallOut(str(c.get("id", "")), str(c.get("name", "")), str(c.get("arguments", "{}")))
-        for c in output.get("tool_calls") or []
-    ]
+    calls = [read_stored_call(c) for c in output.get("tool_calls") or []]
     msgs.append(Message("assistant", output.get("text") or "", tool_calls=calls, reasoning=None))
     return msgs
 
@@ -249,7 +261,7 @@ def output_items(c: Completion, ns: dict[str, str] | None = None) -> list[dict[s
         items.append(reasoning_item(new_id("rs"), c.reasoning))
     if c.content or not c.tool_calls:
         items.append(message_item(new_id("msg"), c.content or ""))
-    items += [call_item(new_id("fc"), t, ns=ns) for t in c.tool_calls]
+    items += [call_item(new_id("ctc" if t.custom else "fc"), t, ns=ns) for t in c.tool_calls]
     return items
 
 
@@ -280,7 +292,7 @@ def stored_response(row: Any, model: str) -> dict[str, Any]:
     """A stored response (an ``InteractionRow``) rebuilt as a Response object; its output
     item ids are fresh."""
     out = row.output or {}
-    calls = [ToolCallOut(t["id"], t["name"], t["arguments"]) for t in out.get("tool_calls") or []]
+    calls = [read_stored_call(t) for t in out.get("tool_calls") or []]
     completion = Completion(
         index=0,
         output_ids=row.completion_token_ids,
