@@ -44,12 +44,14 @@ __all__ = ["Pipeline", "Prepared", "StreamEvent", "open_stream", "replay"]
 log = logging.getLogger("rlgate.gateway")
 
 
-async def open_stream(pipeline: Pipeline, prep: Prepared) -> tuple[Any, StreamEvent | None]:
+async def open_stream(
+    pipeline: Pipeline, prep: Prepared, keep_partial: bool = True
+) -> tuple[Any, StreamEvent | None]:
     """Start generating before any response byte is sent, so an engine that is down or a
     request it refuses still gets a proper HTTP error instead of a broken 200 stream.
     Returns the event stream and its first event; pass both to ``replay``."""
     for attempt in (0, 1):
-        events = pipeline.stream(prep)
+        events = pipeline.stream(prep, keep_partial)
         try:
             first = await events.__anext__()
         except StopAsyncIteration:
@@ -255,11 +257,12 @@ class Pipeline:
         prep.engine_url = results[0][1]
         return [self._completion(prep, i, out) for i, (out, _) in enumerate(results)]
 
-    async def stream(self, prep: Prepared) -> AsyncIterator[StreamEvent]:
+    async def stream(self, prep: Prepared, keep_partial: bool = True) -> AsyncIterator[StreamEvent]:
         """Token-by-token events from every choice, merged; last event per choice is final.
 
-        If the consumer stops early (client gone), the engine requests are aborted and the
-        partial choices are recorded with finish_reason ``abort``.
+        If the consumer stops early (client gone), the engine requests are aborted and,
+        with ``keep_partial``, the partial choices are recorded with finish_reason
+        ``abort`` (a batch of prompts records all or nothing: gateway.prompt_batch).
         """
         n = prep.req.sampling.n
         queue: asyncio.Queue[StreamEvent | BaseException | None] = asyncio.Queue()
@@ -335,6 +338,8 @@ class Pipeline:
         finally:
             # The consumer may be cancelled (client gone) and, under anyio, stays cancelled:
             # run the cleanup as its own task so aborting and recording always complete.
+            if not keep_partial:
+                partial.clear()
             cleanup = asyncio.ensure_future(self._end_stream(prep, tasks, finished, partial))
             await asyncio.shield(cleanup)
 
@@ -388,11 +393,10 @@ class Pipeline:
     async def record(
         self, prep: Prepared, completions: list[Completion], answer: bool = True
     ) -> None:
-        """Durably record every choice; returns once they are safe (in the spool) and, for
-        an ``answer`` still to be sent, committed: every id it names is then readable on
-        every replica (bounded by ``commit_wait_s``, never held while the database is
-        unreachable). Called only from this module: a finished call, a finished stream,
-        an aborted stream (``answer=False``: the client is gone)."""
+        """``record_many`` of one call's choices."""
+        await self.record_many([(prep, completions)], answer)
+
+    def _records(self, prep: Prepared, completions: list[Completion]) -> list[dict[str, Any]]:
         now = utcnow()
         latency = (time.monotonic() - prep.started) * 1000
         group = prep.interaction_id if len(completions) > 1 else None
@@ -412,6 +416,19 @@ class Pipeline:
                 )
             self.metrics.completion_tokens.inc(len(c.output_ids))
         self.metrics.prompt_tokens.inc(len(prep.prompt_ids))
+        return records
+
+    async def record_many(
+        self, calls: list[tuple[Prepared, list[Completion]]], answer: bool = True
+    ) -> None:
+        """Durably record every choice of ``calls`` as one unit (one ``record()``: one
+        transaction); returns once they are safe (in the spool) and, for an ``answer``
+        still to be sent, committed: every id it names is then readable on every replica
+        (bounded by ``commit_wait_s``, never held while the database is unreachable).
+        Called for a finished call or stream, an aborted stream (``answer=False``: the
+        client is gone) and a batch of prompts (gateway.prompt_batch)."""
+        records = [r for prep, cs in calls for r in self._records(prep, cs)]
+        prep = calls[0][0]
         # data protection: the one place records are redacted before storage
         records = await self.redaction.apply(prep.principal.project_id, records)
         ticket = await self.recorder.record(records)

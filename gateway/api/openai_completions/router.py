@@ -1,23 +1,45 @@
 """OpenAI Completions route: ``POST /v1/completions`` (alias ``/completions``).
 
-Each prompt of a call is its own interaction (``n`` choices each), prepared and recorded
-by the shared pipeline; the answer's id is the first prompt's interaction id and
+Each prompt of a call is its own interaction (``n`` choices each), prepared by the shared
+pipeline; the prompts are generated, streamed or not, and recorded as one unit
+(gateway.prompt_batch). The answer's id is the first prompt's interaction id and
 ``X-Rlgate-Interaction-Ids`` lists every prompt's."""
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from gateway.api.base import open_call, respond
-from gateway.api.openai_completions import translator
-from gateway.api.openai_completions.stream import CompletionStream
-from gateway.errors import bad_request
+from core.errors import APIError
+from gateway import prompt_batch
+from gateway.api.base import Call, open_call
+from gateway.api.openai_completions import stream, translator
+from gateway.request import GenerationRequest
 from gateway.routing import headers_for
+from gateway.service import Prepared
 
 router = APIRouter()
+
+
+async def _prepare(call: Call, reqs: list[GenerationRequest]) -> list[Prepared]:
+    """Every prompt prepared before any is generated; with several, a refused one (too
+    long, say) is a 400 that names its index, and nothing runs."""
+    preps = []
+    for k, r in enumerate(reqs):
+        try:
+            preps.append(await call.prepare(r, translator.ID_PREFIX))
+        except APIError as e:
+            if len(reqs) == 1:
+                raise
+            param = f"prompt[{k}]" if e.param in (None, "prompt") else e.param
+            raise APIError(
+                e.status,
+                f"prompt {k} (of {len(reqs)}, counted from 0): {e.message}",
+                param=param,
+                code=e.code,
+                headers=e.headers,
+            ) from None
+    return preps
 
 
 @router.post("/v1/completions")
@@ -25,26 +47,19 @@ router = APIRouter()
 async def completions(request: Request) -> Response:
     call = await open_call(request)
     reqs = translator.to_internal(call.body, request.headers.get("x-session-id"))
-    if len(reqs) > 1 and reqs[0].stream:
-        raise bad_request(
-            "stream takes one prompt per call; send each prompt as its own streaming call "
-            "(or several prompts without stream)",
-            "prompt",
-        )
-    preps = [await call.prepare(r, translator.ID_PREFIX) for r in reqs]
-    tok = call.gw.tokenizer
-    if len(preps) == 1:
-        prep = preps[0]
-        return await respond(
-            call,
-            prep,
-            lambda cs: translator.response_body([prep], [cs], tok, call.model),
-            lambda: CompletionStream(prep, tok, call.model),
-        )
-    pipeline = call.gw.pipeline
-    results = await asyncio.gather(*(pipeline.complete(p) for p in preps))
+    preps = await _prepare(call, reqs)
     headers = {
         **headers_for(preps[0]),
         "X-Rlgate-Interaction-Ids": ",".join(p.interaction_id for p in preps),
     }
+    pipeline, tok = call.gw.pipeline, call.gw.tokenizer
+    if reqs[0].stream:
+        opened = await prompt_batch.open_all(pipeline, preps)
+        writer = stream.CompletionStream(preps, tok, call.model)
+        return StreamingResponse(
+            stream.body(pipeline, opened, writer),
+            media_type="text/event-stream",
+            headers={**headers, "Cache-Control": "no-cache"},
+        )
+    results = await prompt_batch.complete(pipeline, preps)
     return JSONResponse(translator.response_body(preps, results, tok, call.model), headers=headers)

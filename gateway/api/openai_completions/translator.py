@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from gateway.api import base
-from gateway.api.openai_chat.protocol import SEED_MAX, SEED_MIN, usage_json
+from gateway.api.openai_chat.protocol import calls_usage
 from gateway.api.openai_completions.protocol import (
     MAX_PROMPTS,
     CompletionRequest,
@@ -47,15 +47,7 @@ def prompts(raw: Any) -> list[str | list[int]]:
 
 
 def _sampling(req: CompletionRequest) -> Sampling:
-    if req.seed is not None and not SEED_MIN <= req.seed <= SEED_MAX - (req.n - 1):
-        raise bad_request(
-            f"invalid value for 'seed': must be an integer in [{SEED_MIN}, "
-            f"{SEED_MAX - (req.n - 1)}] (a 64-bit signed integer; choice i uses seed + i)",
-            "seed",
-        )
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    if len(stop) > 4:
-        raise bad_request("stop may hold at most 4 sequences", "stop")
+    stop = base.seed_and_stop(req.seed, req.n, req.stop)
     return Sampling(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
@@ -78,8 +70,9 @@ def _refuse(req: CompletionRequest) -> None:
         )
     if req.echo and req.logprobs is not None:
         raise bad_request(
-            "echo with logprobs needs the prompt's logprobs, which rlgate does not return; "
-            "drop echo (the prompt ids are in return_token_ids) or drop logprobs",
+            "echo with logprobs is not supported: it needs the prompt tokens' logprobs, "
+            "which rlgate's engines are not asked for; drop echo (the prompt's ids come "
+            "back with return_token_ids) or drop logprobs",
             "echo",
         )
     if req.best_of is not None and req.best_of != req.n:
@@ -192,10 +185,8 @@ def response_body(
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": usage_json(
-            sum(len(p.prompt_ids) for p in preps),
-            sum(len(c.output_ids) for cs in results for c in cs),
-            sum(min((c.cached_tokens for c in cs), default=0) for cs in results),
+        "usage": calls_usage(
+            [(len(p.prompt_ids), cs) for p, cs in zip(preps, results, strict=True)]
         ),
         "system_fingerprint": preps[0].policy_version,
     }
