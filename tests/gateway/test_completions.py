@@ -114,6 +114,22 @@ def test_stop_logprobs_and_echo(stack, tok):
     e = post(stack, key, {**base, "echo": True}).json()["choices"][0]
     assert e["text"] == PROMPT + full
 
+    # echo with logprobs: the prompt's tokens first (the first has no logprob), as vLLM
+    r = post(stack, key, {**base, "echo": True, "logprobs": 2, **RAW})
+    assert r.status_code == 200, r.text
+    ec = r.json()["choices"][0]
+    elp, prompt_ids = ec["logprobs"], ec["prompt_token_ids"]
+    assert ec["text"] == PROMPT + full == "".join(elp["tokens"])
+    assert len(elp["tokens"]) == len(prompt_ids) + len(ec["token_ids"])
+    assert elp["token_logprobs"][0] is None and elp["top_logprobs"][0] is None
+    n = len(prompt_ids)
+    assert all(x <= 0 for x in elp["token_logprobs"][1:n])
+    for k in range(1, n):
+        alts = elp["top_logprobs"][k]
+        assert 2 <= len(alts) <= 3 and elp["token_logprobs"][k] <= max(alts.values()) + 1e-6
+    assert elp["token_logprobs"][n:] == pytest.approx(lp["token_logprobs"], abs=1e-4)
+    assert elp["text_offset"][n] == len(PROMPT)
+
 
 def sse(r: httpx.Response) -> list:  # type: ignore[no-untyped-def]
     lines = [ln[6:] for ln in r.text.split("\n") if ln.startswith("data: ")]
@@ -153,7 +169,7 @@ def test_stream_with_usage_and_token_ids(stack, tok):
         ({"prompt": ""}, "prompt", "empty"),
         ({"prompt": [10**9]}, "prompt", "vocabulary"),
         ({"prompt": "x", "suffix": "y"}, "suffix", "fill-in-the-middle"),
-        ({"prompt": "x", "echo": True, "logprobs": 1}, "echo", "prompt tokens' logprobs"),
+        ({"prompt": "x", "echo": True, "logprobs": 1, "stream": True}, "echo", "without stream"),
         ({"prompt": "x", "logprobs": 50}, "logprobs", "20"),
         ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
         ({"prompt": "x", "best_of": 3}, "best_of", "best_of"),
