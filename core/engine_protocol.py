@@ -236,7 +236,7 @@ def top_logprobs(meta: dict[str, Any], start: int = 0) -> list[list[tuple[int, f
     return [[(int(t[1]), float(t[0])) for t in (pos or [])] for pos in tops[start:]]
 
 
-def _prompt_logprobs(meta: dict[str, Any]) -> dict[str, Any]:
+def prompt_logprobs_of(meta: dict[str, Any]) -> dict[str, Any]:
     """``meta_info.input_token_logprobs`` / ``input_top_logprobs`` (SGLang's, asked for
     with ``logprob_start_len``) as Output's ``prompt_logprobs`` / ``prompt_top``."""
     given = meta.get("input_token_logprobs")
@@ -258,7 +258,7 @@ def _finished(meta: dict[str, Any]) -> dict[str, Any]:
     reason = meta.get("finish_reason")
     prompt = meta.get("prompt_tokens")
     return {
-        **_prompt_logprobs(meta),
+        **prompt_logprobs_of(meta),
         "finish_reason": reason.get("type") if isinstance(reason, dict) else reason,
         "prompt_tokens": int(prompt) if prompt is not None else None,
         "cached_tokens": int(meta.get("cached_tokens") or 0),

@@ -55,6 +55,9 @@ class StreamEvent:
     new_logprobs: list[float] = field(default_factory=list)
     new_top: list[list[tuple[int, float]]] = field(default_factory=list)
     finished: Completion | None = None
+    # on a choice's first event when the prompt's logprobs were asked for (Completion's)
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top: list[list[tuple[int, float]] | None] | None = None
 
 
 def engine_payload(prep: Prepared, index: int, stream: bool) -> dict[str, Any]:

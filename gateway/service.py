@@ -273,6 +273,7 @@ class Pipeline:
             parser = StreamingParser(TOOL_PARSERS[name]() if name else None, self._reasoning(prep))
             reader = proto.StreamReader()
             partial[index] = reader
+            prompt_pending = prep.req.prompt_logprobs
             async with self.engines.stream(
                 engine_payload(prep, index, True), prep.session.session_id
             ) as (chunks, url):
@@ -283,6 +284,10 @@ class Pipeline:
                         prep.ttft_ms = (time.monotonic() - prep.started) * 1000
                     d = parser.feed(new.text)
                     if d.content or d.reasoning or d.tool_calls or new.ids or new.text:
+                        prompt = {}
+                        if prompt_pending:
+                            prompt = proto.prompt_logprobs_of(chunk.get("meta_info") or {})
+                            prompt_pending = False
                         await queue.put(
                             StreamEvent(
                                 index=index,
@@ -293,6 +298,7 @@ class Pipeline:
                                 new_ids=new.ids,
                                 new_logprobs=new.logprobs,
                                 new_top=new.top,
+                                **prompt,
                             )
                         )
             tail = parser.feed("", final=True)

@@ -160,6 +160,30 @@ def test_stream_with_usage_and_token_ids(stack, tok):
 
 
 @SQLITE
+def test_stream_echo_with_logprobs_of_two_prompts(stack, tok):
+    key = stack.key()
+    prompts = [PROMPT, "One, two"]
+    base = {"prompt": prompts, "max_tokens": 3, "temperature": 0, "echo": True, "logprobs": 1}
+    whole = post(stack, key, base).json()["choices"]
+    chunks = sse(post(stack, key, {**base, "stream": True}))
+    firsts: dict[int, dict] = {}
+    texts: dict[int, str] = {}
+    for c in chunks:
+        for ch in c["choices"]:
+            firsts.setdefault(ch["index"], ch)
+            texts[ch["index"]] = texts.get(ch["index"], "") + ch["text"]
+    assert sorted(firsts) == [0, 1]
+    for k, prompt in enumerate(prompts):
+        head, want = firsts[k], whole[k]["logprobs"]
+        n = len(tok.encode(prompt))
+        assert head["text"] == prompt and texts[k] == whole[k]["text"]
+        lp = head["logprobs"]
+        assert lp["tokens"] == want["tokens"][:n] and "".join(lp["tokens"]) == prompt
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        assert lp["token_logprobs"][1:] == pytest.approx(want["token_logprobs"][1:n], abs=1e-3)
+
+
+@SQLITE
 @pytest.mark.parametrize(
     ("body", "param", "says"),
     [
@@ -169,7 +193,6 @@ def test_stream_with_usage_and_token_ids(stack, tok):
         ({"prompt": ""}, "prompt", "empty"),
         ({"prompt": [10**9]}, "prompt", "vocabulary"),
         ({"prompt": "x", "suffix": "y"}, "suffix", "fill-in-the-middle"),
-        ({"prompt": "x", "echo": True, "logprobs": 1, "stream": True}, "echo", "without stream"),
         ({"prompt": "x", "logprobs": 50}, "logprobs", "20"),
         ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
         ({"prompt": "x", "best_of": 3}, "best_of", "best_of"),

@@ -21,8 +21,9 @@ from gateway.service import Pipeline, Prepared, StreamEvent
 
 class CompletionStream(OpenAIStream):
     """The chunks of one call: with ``echo`` (or ``return_token_ids``) a first chunk per
-    choice with the prompt (its ids); then the text as it comes, each chunk with its
-    logprobs (character offsets running on) and its ids if asked; a finish chunk per
+    choice with the prompt (its ids; with ``logprobs``, its logprobs too, sent with the
+    choice's first event, which brings them); then the text as it comes, each chunk with
+    its logprobs (character offsets running on) and its ids if asked; a finish chunk per
     choice; usage of every prompt (if asked for) and ``[DONE]`` once the batch is
     durable. The id is the first prompt's interaction id."""
 
@@ -34,21 +35,39 @@ class CompletionStream(OpenAIStream):
         echo = bool(preps[0].req.raw.get("echo"))
         self.prefix = [echoed(p, tokenizer) if echo else "" for p in preps]
         self.offset = [[len(pre)] * self.n for pre in self.prefix]
+        self.echo_pending = {
+            (k, j) for k, p in enumerate(preps) if p.req.prompt_logprobs for j in range(self.n)
+        }
+
+    def _head(self, k: int, j: int, logprobs: dict[str, Any] | None = None) -> bytes:
+        choice = choice_json(k * self.n + j, self.prefix[k], logprobs, None)
+        return self._chunk({**choice, **token_ids(self.preps[k])})
 
     def start(self) -> list[bytes]:
         out = []
         for k, prep in enumerate(self.preps):
-            if not (self.prefix[k] or prep.req.return_token_ids):
+            if prep.req.prompt_logprobs or not (self.prefix[k] or prep.req.return_token_ids):
                 continue
-            for j in range(self.n):
-                choice = choice_json(k * self.n + j, self.prefix[k], None, None)
-                out.append(self._chunk({**choice, **token_ids(prep)}))
+            out += [self._head(k, j) for j in range(self.n)]
         return out
+
+    def _echo(self, k: int, ev: StreamEvent) -> list[bytes]:
+        """The echoed prompt with its logprobs, on choice ``ev.index``'s first event."""
+        if (k, ev.index) not in self.echo_pending:
+            return []
+        self.echo_pending.discard((k, ev.index))
+        got = ev.finished or ev
+        ids = self.preps[k].prompt_ids
+        if got.prompt_logprobs is None or len(got.prompt_logprobs) != len(ids):
+            raise APIError(503, "the engine did not return the prompt's logprobs; retry")
+        top = got.prompt_top or [None] * len(ids)
+        lps = logprobs_json(self.tokenizer, ids, got.prompt_logprobs, top)
+        return [self._head(k, ev.index, lps)]
 
     def event(self, k: int, ev: StreamEvent) -> list[bytes]:
         """An event of prompt ``k``'s choice ``ev.index``."""
         prep, index = self.preps[k], k * self.n + ev.index
-        out = []
+        out = self._echo(k, ev)
         if ev.text or ev.new_ids:
             logprobs = None
             if prep.req.sampling.logprobs:

@@ -69,12 +69,6 @@ def _refuse(req: CompletionRequest) -> None:
             "fill-in-the-middle template; put the text before the gap in prompt and drop suffix",
             "suffix",
         )
-    if req.echo and req.logprobs is not None and req.stream:
-        raise bad_request(
-            "echo with logprobs is answered without streaming only; drop stream (or echo, "
-            "or logprobs)",
-            "echo",
-        )
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request("best_of is not supported; drop it (or set it equal to n)", "best_of")
     if req.logit_bias:
