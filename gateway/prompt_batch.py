@@ -41,18 +41,28 @@ async def complete(pipeline: Pipeline, preps: list[Prepared]) -> list[list[Compl
 
 
 async def open_all(pipeline: Pipeline, preps: list[Prepared]) -> list[Opened]:
-    """Start every prompt's stream before any byte is sent (an engine error is still a
-    proper HTTP error); on a failure the ones already started are closed, unrecorded."""
+    """Start every prompt's stream, all at once, before any byte is sent (an engine error
+    is still a proper HTTP error); on a failure the ones that started are closed,
+    unrecorded, and the first error is raised."""
     keep_partial = len(preps) == 1
-    opened: list[Opened] = []
+    tasks = [asyncio.create_task(open_stream(pipeline, p, keep_partial)) for p in preps]
     try:
-        for p in preps:
-            opened.append(await open_stream(pipeline, p, keep_partial))
-    except BaseException:
-        for events, _ in opened:
-            await events.aclose()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+    except BaseException:  # cancelled (the client left): close what had started
+        await _cancel(tasks)
+        done = [t.exception() or t.result() if not t.cancelled() else None for t in tasks]
+        await _close([r for r in done if isinstance(r, tuple)])
         raise
-    return opened
+    failed = [r for r in done if isinstance(r, BaseException)]
+    if not failed:
+        return list(done)  # type: ignore[arg-type]
+    await _close([r for r in done if isinstance(r, tuple)])
+    raise failed[0]
+
+
+async def _close(opened: list[Opened]) -> None:
+    for events, _ in opened:
+        await events.aclose()
 
 
 async def merged(opened: list[Opened]) -> AsyncIterator[tuple[int, StreamEvent]]:

@@ -315,6 +315,31 @@ def test_a_batch_stream_the_client_leaves_records_nothing(stack):
     assert rows_of(stack.factory, batch) == 0
 
 
+@SQLITE
+def test_a_lone_prompt_stream_the_client_leaves_is_recorded_as_abort(stack):
+    key = stack.key()
+    body = {"prompt": "Tell a long story.", "max_tokens": 300, "temperature": 1.0}
+    with (
+        httpx.Client(timeout=120) as c,
+        c.stream(
+            "POST",
+            stack.gw.url + "/v1/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={**body, "stream": True},
+        ) as r,
+    ):
+        assert r.status_code == 200
+        iid = r.headers["x-rlgate-interaction-id"]
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data:")
+            if seen >= 4:
+                break
+    (rec,) = wait_recorded(stack, [iid], timeout=30)
+    assert rec.finish_reason == "abort"
+    assert 0 < len(rec.completion_token_ids) < 300
+
+
 def test_an_engine_refusal_mid_batch_records_nothing(db_url, engine, tmp_path):
     """With room for one engine request at a time, the second prompt of a batch is
     refused (429) while the first generates: the first is cancelled, nothing recorded."""
