@@ -13,7 +13,7 @@ the database at start-up and whenever the database is back.
 - A writer thread takes records in batches, inserts them in one transaction (skipping
   ids that are already there, so replay is idempotent: ``gateway.record_batch``); the
   records of one ``record()`` call (a call's choices, every prompt of a Completions
-  batch) are never split between two transactions. It then
+  batch) are never split between two transactions (but see refusals below). It then
   marks them done and counts them off their tickets; a segment whose records are all in
   the database is deleted.
 - If the database is down the writer keeps the batch and retries with backoff; nothing
