@@ -289,26 +289,32 @@ def test_a_batch_with_a_too_long_prompt_is_one_400_naming_it(stack, stream):
     assert n == 0
 
 
-@SQLITE
-def test_a_batch_stream_the_client_leaves_records_nothing(stack):
-    key = stack.key()
-    body = {"prompt": ["Tell a long story.", "Write a poem."], "max_tokens": 300}
+def leave_stream(stack, key: str, prompt) -> list[str]:  # type: ignore[no-untyped-def]
+    """Stream a long answer to ``prompt`` and leave after four events; the interaction
+    ids of the call."""
+    body = {"prompt": prompt, "max_tokens": 300, "temperature": 1.0, "stream": True}
     with (
         httpx.Client(timeout=120) as c,
         c.stream(
             "POST",
             stack.gw.url + "/v1/completions",
             headers={"Authorization": f"Bearer {key}"},
-            json={**body, "stream": True, "temperature": 1.0},
+            json=body,
         ) as r,
     ):
         assert r.status_code == 200
-        batch = r.headers["x-rlgate-interaction-ids"].split(",")
         seen = 0
         for line in r.iter_lines():
             seen += line.startswith("data:")
             if seen >= 4:
                 break
+        return r.headers["x-rlgate-interaction-ids"].split(",")
+
+
+@SQLITE
+def test_a_batch_stream_the_client_leaves_records_nothing(stack):
+    key = stack.key()
+    batch = leave_stream(stack, key, ["Tell a long story.", "Write a poem."])
     # a call after it is recorded; the left batch (aborted at once) never is
     after = post(stack, key, {"prompt": "Hi", "max_tokens": 2}).json()["id"]
     wait_recorded(stack, [after])
@@ -317,24 +323,7 @@ def test_a_batch_stream_the_client_leaves_records_nothing(stack):
 
 @SQLITE
 def test_a_lone_prompt_stream_the_client_leaves_is_recorded_as_abort(stack):
-    key = stack.key()
-    body = {"prompt": "Tell a long story.", "max_tokens": 300, "temperature": 1.0}
-    with (
-        httpx.Client(timeout=120) as c,
-        c.stream(
-            "POST",
-            stack.gw.url + "/v1/completions",
-            headers={"Authorization": f"Bearer {key}"},
-            json={**body, "stream": True},
-        ) as r,
-    ):
-        assert r.status_code == 200
-        iid = r.headers["x-rlgate-interaction-id"]
-        seen = 0
-        for line in r.iter_lines():
-            seen += line.startswith("data:")
-            if seen >= 4:
-                break
+    (iid,) = leave_stream(stack, stack.key(), "Tell a long story.")
     (rec,) = wait_recorded(stack, [iid], timeout=30)
     assert rec.finish_reason == "abort"
     assert 0 < len(rec.completion_token_ids) < 300
