@@ -152,6 +152,7 @@ def generate_body(
     stream: bool = False,
     top_logprobs: int = 0,
     return_logprob: bool = True,
+    logprob_start_len: int | None = None,
 ) -> dict[str, Any]:
     """A ``/generate`` body: the prompt as ids (one, or a batch with a list of
     ``sampling``/``adapter`` per prompt), the adapter named explicitly (SGLang uses the
@@ -167,6 +168,8 @@ def generate_body(
     }
     if rid is not None:
         body["rid"] = rid
+    if logprob_start_len is not None:  # the prompt's logprobs too, from this position
+        body["logprob_start_len"] = logprob_start_len
     return body
 
 
@@ -220,6 +223,10 @@ class Output:
     cached_tokens: int
     weight_version: str | None
     rid: str | None
+    # with ``logprob_start_len`` asked: the prompt's logprobs from there (the first None)
+    # and, with top logprobs, their alternatives (None at the first position)
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top: list[list[tuple[int, float]] | None] | None = None
 
 
 def top_logprobs(meta: dict[str, Any], start: int = 0) -> list[list[tuple[int, float]]] | None:
@@ -231,11 +238,29 @@ def top_logprobs(meta: dict[str, Any], start: int = 0) -> list[list[tuple[int, f
     return [[(int(t[1]), float(t[0])) for t in (pos or [])] for pos in tops[start:]]
 
 
+def prompt_logprobs_of(meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta_info.input_token_logprobs`` / ``input_top_logprobs`` (SGLang's, asked for
+    with ``logprob_start_len``) as Output's ``prompt_logprobs`` / ``prompt_top``."""
+    given = meta.get("input_token_logprobs")
+    if not given:
+        return {}
+    tops = meta.get("input_top_logprobs")
+    return {
+        "prompt_logprobs": [None if t[0] is None else float(t[0]) for t in given],
+        "prompt_top": [
+            None if pos is None else [(int(t[1]), float(t[0])) for t in pos] for pos in tops
+        ]
+        if tops
+        else None,
+    }
+
+
 def _finished(meta: dict[str, Any]) -> dict[str, Any]:
     """The per-sequence facts of a ``meta_info`` (Output's fields besides the tokens)."""
     reason = meta.get("finish_reason")
     prompt = meta.get("prompt_tokens")
     return {
+        **prompt_logprobs_of(meta),
         "finish_reason": reason.get("type") if isinstance(reason, dict) else reason,
         "prompt_tokens": int(prompt) if prompt is not None else None,
         "cached_tokens": int(meta.get("cached_tokens") or 0),

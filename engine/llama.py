@@ -227,7 +227,8 @@ class LlamaModel:
         cache: KVCache,
         lora: LoraBatch | None,
     ) -> torch.Tensor:
-        """Prefill several prompts in one pass; returns last-position logits ``(B, V)``.
+        """Prefill several prompts in one pass; returns last-position logits ``(B, V)``
+        (``prefill_batch_full`` also returns every position's, for prompt logprobs).
 
         Each item is ``(input_ids, slot, start)``. With ``start > 0`` the slot already holds
         the keys and values of ``input_ids[:start]`` (a shared prefix copied from another
@@ -235,6 +236,18 @@ class LlamaModel:
         new tokens are concatenated into one flat batch for the projections and the MLP
         (``lora`` rows follow that order); attention runs per prompt over its own slot.
         """
+        return self.prefill_batch_full(items, cache, lora, [False] * len(items))[0]
+
+    @torch.inference_mode()
+    def prefill_batch_full(
+        self,
+        items: list[tuple[list[int], int, int]],
+        cache: KVCache,
+        lora: LoraBatch | None,
+        full: list[bool],
+    ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """``prefill_batch``, plus for each item with ``full`` set the logits of every
+        position it computed (``start`` to the end: ``(n - start, V)``), None otherwise."""
         cfg = self.cfg
         group = cfg.num_heads // cfg.num_kv_heads
         ids: list[int] = []
@@ -273,7 +286,11 @@ class LlamaModel:
             h = h + self._linear(attn, i, "o_proj", lora)
             h = h + self._mlp(self.post_norms[i](h), i, lora)
         last = torch.tensor([hi - 1 for _, hi, *_ in spans])
-        return self._logits(h[last])
+        every = [
+            self._logits(h[lo:hi]) if want else None
+            for (lo, hi, *_), want in zip(spans, full, strict=True)
+        ]
+        return self._logits(h[last]), every
 
     @torch.inference_mode()
     def decode(

@@ -141,6 +141,7 @@ class GenerateItem(BaseModel):
     params: SamplingParamsIn
     rid: str | None
     return_logprob: bool
+    logprob_start_len: int  # -1: output logprobs only; k >= 0: the prompt's from position k
     top_logprobs_num: int
     lora_name: str | None
 
@@ -180,6 +181,10 @@ def normalize(req: GenerateReqInput) -> tuple[list[GenerateItem], bool]:
         top_n = _pick(req.top_logprobs_num, i, batch, "top_logprobs_num") or 0
         if top_n < 0:
             raise ProtocolError("top_logprobs_num must be >= 0")
+        start = _pick(req.logprob_start_len, i, batch, "logprob_start_len")
+        start = -1 if start is None else int(start)
+        if start < -1:
+            raise ProtocolError("logprob_start_len must be -1 or a prompt position (>= 0)")
         items.append(
             GenerateItem(
                 index=i,
@@ -188,6 +193,7 @@ def normalize(req: GenerateReqInput) -> tuple[list[GenerateItem], bool]:
                 params=params,
                 rid=_pick(req.rid, i, batch, "rid"),
                 return_logprob=bool(_pick(req.return_logprob, i, batch, "return_logprob")),
+                logprob_start_len=start,
                 top_logprobs_num=int(top_n),
                 lora_name=_pick(req.lora_path, i, batch, "lora_path"),
             )

@@ -187,6 +187,7 @@ class Engine:
                         params=params,
                         sink=_no_sink,
                         return_logprob=item.return_logprob,
+                        logprob_start_len=item.logprob_start_len if item.return_logprob else -1,
                         top_logprobs_num=item.top_logprobs_num if item.return_logprob else 0,
                         return_text_in_logprobs=text_in_logprobs,
                         stream=stream,

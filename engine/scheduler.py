@@ -47,6 +47,7 @@ class Request:
     sink: Sink
     adapter: LoraAdapter | None = None
     return_logprob: bool = False
+    logprob_start_len: int = -1  # >= 0: the prompt's logprobs from this position on
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     stream: bool = False
@@ -59,6 +60,10 @@ class Request:
     cached_tokens: int = 0  # prompt positions copied from another slot, not recomputed
     generator: torch.Generator = field(default_factory=torch.Generator)
     constraint: Constraint | None = None  # grammar state (structured output), per sequence
+    # the prompt's logprobs from logprob_start_len on, as SGLang returns them: the first
+    # position None, each later one the logprob (and top alternatives) of that prompt token
+    input_logprobs: list[float | None] = field(default_factory=list)
+    input_top: list[list[tuple[float, int]] | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # Seeded here, while the request is built (before it holds an adapter), so a seed
@@ -182,7 +187,9 @@ class Scheduler:
                 shared, donor = (
                     self.prefix.best_donor(req, self._running) if self.prefix else (0, None)
                 )
-                if self.prefix and batch:
+                if req.logprob_start_len >= 0:  # the prompt's logprobs: compute it all
+                    shared, donor = 0, None
+                elif self.prefix and batch:
                     in_batch, _ = longest_prefix(req, [r for r, _, _ in batch])
                     if in_batch > shared:
                         later.append(req)
@@ -205,7 +212,13 @@ class Scheduler:
         reqs = [r for r, _, _ in batch]
         try:
             rows = [r.adapter for r in reqs for _ in r.input_ids[r.cached_tokens :]]
-            logits = self.model.prefill_batch(items, self.cache, LoraBatch.for_rows(rows))
+            full = [r.logprob_start_len >= 0 for r in reqs]
+            logits, every = self.model.prefill_batch_full(
+                items, self.cache, LoraBatch.for_rows(rows), full
+            )
+            for req, prompt_logits in zip(reqs, every, strict=True):
+                if prompt_logits is not None:
+                    _input_logprobs(req, prompt_logits)
             sampled = sample_batch(
                 logits,
                 [r.params for r in reqs],
@@ -325,11 +338,20 @@ class Scheduler:
             "e2e_latency": time.monotonic() - req.created,
         }
         if req.return_logprob:
+            start = max(req.logprob_start_len, 0)
+            meta["input_token_logprobs"] = [
+                [lp, tid, self._token_text(tid, req)]
+                for lp, tid in zip(req.input_logprobs, req.input_ids[start:], strict=False)
+            ]
             meta["output_token_logprobs"] = [
                 [lp, tid, self._token_text(tid, req)]
                 for lp, tid in zip(req.logprobs, req.output_ids, strict=True)
             ]
             if req.top_logprobs_num > 0:
+                meta["input_top_logprobs"] = [
+                    None if pos is None else [[lp, t, self._token_text(t, req)] for lp, t in pos]
+                    for pos in req.input_top
+                ]
                 meta["output_top_logprobs"] = [
                     [[lp, tid, self._token_text(tid, req)] for lp, tid in pos]
                     for pos in req.top_logprobs
@@ -340,6 +362,24 @@ class Scheduler:
         if not req.return_text_in_logprobs:
             return None
         return self.tokenizer.decode([token_id])
+
+
+def _input_logprobs(req: Request, logits: torch.Tensor) -> None:
+    """The prompt's logprobs from ``logprob_start_len`` on (``logits``: every prompt
+    position's, from 0): as SGLang, the first position is None and position j > start
+    is the logprob of prompt token j given the tokens before it, unscaled by the
+    temperature; with ``top_logprobs_num`` also the top alternatives at each position."""
+    ids = req.input_ids
+    start = min(req.logprob_start_len, len(ids) - 1)
+    lp = torch.log_softmax(logits[start : len(ids) - 1].float(), dim=-1)
+    nxt = torch.tensor(ids[start + 1 :], dtype=torch.long)
+    req.input_logprobs = [None, *lp.gather(1, nxt[:, None])[:, 0].tolist()]
+    if req.top_logprobs_num > 0:
+        values, top_ids = torch.topk(lp, min(req.top_logprobs_num, lp.shape[-1]), dim=-1)
+        req.input_top = [None] + [
+            list(zip(v, i, strict=True))
+            for v, i in zip(values.tolist(), top_ids.tolist(), strict=True)
+        ]
 
 
 def _abort(message: str) -> dict[str, Any]:

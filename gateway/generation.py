@@ -57,6 +57,9 @@ class StreamEvent:
     new_logprobs: list[float] = field(default_factory=list)
     new_top: list[list[tuple[int, float]]] = field(default_factory=list)
     finished: Completion | None = None
+    # on a choice's first event when the prompt's logprobs were asked for (Completion's)
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top: list[list[tuple[int, float]] | None] | None = None
 
 
 def engine_payload(prep: Prepared, index: int, stream: bool) -> dict[str, Any]:
@@ -85,6 +88,7 @@ def engine_payload(prep: Prepared, index: int, stream: bool) -> dict[str, Any]:
         rid=proto.new_rid(prep.row_id(index)),
         stream=stream,
         top_logprobs=s.top_logprobs if s.logprobs else 0,
+        logprob_start_len=0 if prep.req.prompt_logprobs else None,
     )
 
 
@@ -118,6 +122,8 @@ def engine_completion(
         finish_reason=fr,
         prompt_tokens=got.prompt_tokens if got.prompt_tokens is not None else len(prep.prompt_ids),
         cached_tokens=got.cached_tokens,
+        prompt_logprobs=got.prompt_logprobs,
+        prompt_top=got.prompt_top,
     )
 
 

@@ -221,11 +221,13 @@ class Pipeline:
         prep.engine_url = results[0][1]
         return [self._completion(prep, i, out) for i, (out, _) in enumerate(results)]
 
-    async def stream(self, prep: Prepared) -> AsyncIterator[StreamEvent]:
+    async def stream(self, prep: Prepared, keep_partial: bool = True) -> AsyncIterator[StreamEvent]:
         """Token-by-token events from every choice, merged; last event per choice is final.
 
-        If the consumer stops early (client gone), the engine requests are aborted and the
-        partial choices are recorded with finish_reason ``abort``.
+        If the consumer stops early (client gone), the engine requests are aborted and,
+        with ``keep_partial``, the partial choices are recorded with finish_reason
+        ``abort`` (a batch of prompts records all or nothing: the Completions API's
+        ``prompt_batch.py``).
         """
         n = prep.req.sampling.n
         queue: asyncio.Queue[StreamEvent | BaseException | None] = asyncio.Queue()
@@ -237,6 +239,7 @@ class Pipeline:
             parser = StreamingParser(tp, self._reasoning(prep))
             reader = proto.StreamReader()
             partial[index] = reader
+            prompt_pending = prep.req.prompt_logprobs
             async with self.engines.stream(
                 engine_payload(prep, index, True), prep.session.session_id
             ) as (chunks, url):
@@ -247,6 +250,10 @@ class Pipeline:
                         prep.ttft_ms = (time.monotonic() - prep.started) * 1000
                     d = parser.feed(new.text)
                     if d.content or d.reasoning or d.tool_calls or new.ids or new.text:
+                        prompt = {}
+                        if prompt_pending:
+                            prompt = proto.prompt_logprobs_of(chunk.get("meta_info") or {})
+                            prompt_pending = False
                         await queue.put(
                             StreamEvent(
                                 index=index,
@@ -257,6 +264,7 @@ class Pipeline:
                                 new_ids=new.ids,
                                 new_logprobs=new.logprobs,
                                 new_top=new.top,
+                                **prompt,
                             )
                         )
             tail = parser.feed("", final=True)
@@ -302,6 +310,8 @@ class Pipeline:
         finally:
             # The consumer may be cancelled (client gone) and, under anyio, stays cancelled:
             # run the cleanup as its own task so aborting and recording always complete.
+            if not keep_partial:
+                partial.clear()
             cleanup = asyncio.ensure_future(self._end_stream(prep, tasks, finished, partial))
             await asyncio.shield(cleanup)
 
@@ -355,11 +365,10 @@ class Pipeline:
     async def record(
         self, prep: Prepared, completions: list[Completion], answer: bool = True
     ) -> None:
-        """Durably record every choice; returns once they are safe (in the spool) and, for
-        an ``answer`` still to be sent, committed: every id it names is then readable on
-        every replica (bounded by ``commit_wait_s``, never held while the database is
-        unreachable). Called only from this module: a finished call, a finished stream,
-        an aborted stream (``answer=False``: the client is gone)."""
+        """``record_many`` of one call's choices."""
+        await self.record_many([(prep, completions)], answer)
+
+    def _records(self, prep: Prepared, completions: list[Completion]) -> list[dict[str, Any]]:
         now = utcnow()
         latency = (time.monotonic() - prep.started) * 1000
         group = prep.interaction_id if len(completions) > 1 else None
@@ -379,6 +388,19 @@ class Pipeline:
                 )
             self.metrics.completion_tokens.inc(len(c.output_ids))
         self.metrics.prompt_tokens.inc(len(prep.prompt_ids))
+        return records
+
+    async def record_many(
+        self, calls: list[tuple[Prepared, list[Completion]]], answer: bool = True
+    ) -> None:
+        """Durably record every choice of ``calls`` as one unit (one ``record()``: one
+        transaction); returns once they are safe (in the spool) and, for an ``answer``
+        still to be sent, committed: every id it names is then readable on every replica
+        (bounded by ``commit_wait_s``, never held while the database is unreachable).
+        Called for a finished call or stream, an aborted stream (``answer=False``: the
+        client is gone) and a batch of prompts (gateway.api.openai_completions.prompt_batch)."""
+        records = [r for prep, cs in calls for r in self._records(prep, cs)]
+        prep = calls[0][0]
         # data protection: the one place records are redacted before storage
         records = await self.redaction.apply(prep.principal.project_id, records)
         ticket = await self.recorder.record(records)

@@ -11,7 +11,9 @@ the database at start-up and whenever the database is back.
   power loss. Without it (the default) the append is a ``write()`` into the page cache,
   done inline: the record survives the gateway crashing or being killed.
 - A writer thread takes records in batches, inserts them in one transaction (skipping
-  ids that are already there, so replay is idempotent: ``gateway.record_batch``), then
+  ids that are already there, so replay is idempotent: ``gateway.record_batch``); the
+  records of one ``record()`` call (a call's choices, every prompt of a Completions
+  batch) are never split between two transactions (but see refusals below). It then
   marks them done and counts them off their tickets; a segment whose records are all in
   the database is deleted.
 - If the database is down the writer keeps the batch and retries with backoff; nothing
@@ -75,11 +77,13 @@ class Recorder:
         self.backlog_max_bytes = backlog_max_bytes
         self.replay_interval_s = replay_interval_s
         self.lag_alert_s = lag_alert_s
-        self.queue: queue.Queue[Pending | None] = queue.Queue()
+        # one item per ``record()`` call: its records are written in one transaction
+        self.queue: queue.Queue[list[Pending] | None] = queue.Queue()
         self._appends: queue.Queue[tuple[list[SpoolRecord], Future, Ticket] | None] = queue.Queue()
         self.tickets = Tickets()
         self.recorded_total = 0
         self.backlog_bytes = 0  # spool lines accepted and not yet in the database
+        self.pending_records = 0  # records accepted and not yet in the database
         self.oldest_pending: float | None = None
         self._threads: list[threading.Thread] = []
         self._db_ok = threading.Event()
@@ -220,7 +224,7 @@ class Recorder:
 
     @property
     def pending(self) -> int:
-        return self.queue.qsize()
+        return self.pending_records
 
     def problems(self) -> list[str]:
         """Why recording is not healthy now (empty when it is), for /health."""
@@ -258,12 +262,21 @@ class Recorder:
         lines: list[bytes],
         tickets: list[Ticket] | Ticket | None = None,
     ) -> None:
+        """Queue spooled records for the writer, one unit per ticket (per ``record()``
+        call): a unit's records are never split between two transactions."""
         now = time.monotonic()
         with self._size_lock:
             self.backlog_bytes += sum(len(x) for x in lines)
+            self.pending_records += len(records)
         per_record = tickets if isinstance(tickets, list) else [tickets] * len(records)
+        unit: list[Pending] = []
         for r, x, t in zip(records, lines, per_record, strict=True):
-            self.queue.put(Pending(seg, r, now, len(x), t))
+            if unit and unit[-1].ticket is not t:
+                self.queue.put(unit)
+                unit = []
+            unit.append(Pending(seg, r, now, len(x), t))
+        if unit:
+            self.queue.put(unit)
 
     def _store(self, records: list[SpoolRecord], patient: bool = True) -> int | None:
         """Write ``records``; returns the interactions inserted. Connection trouble is
@@ -361,14 +374,17 @@ class Recorder:
         stop = False
         while not stop:
             first = self.queue.get()
-            batch: list[Pending | None] = [first]
-            while len(batch) < self.batch_max:
+            batch: list[list[Pending] | None] = [first]
+            count = len(first or ())
+            while count < self.batch_max:  # whole units only: a unit may overshoot
                 try:
-                    batch.append(self.queue.get_nowait())
+                    unit = self.queue.get_nowait()
                 except queue.Empty:
                     break
+                batch.append(unit)
+                count += len(unit or ())
             stop = any(b is None for b in batch)
-            work = [b for b in batch if b is not None]
+            work = [p for b in batch if b is not None for p in b]
             if work:
                 self.oldest_pending = min(p.enqueued_at for p in work)
                 self._store([p.record for p in work])  # patient: returns once written
@@ -379,6 +395,7 @@ class Recorder:
                     self.spool.mark_done(p.segment, 1)
                 with self._size_lock:
                     self.backlog_bytes -= sum(p.size for p in work)
+                    self.pending_records -= len(work)
                 if self.queue.empty():
                     self.spool.rotate_if_idle()
             for _ in batch:

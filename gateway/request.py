@@ -87,6 +87,7 @@ class GenerationRequest:
     # (what sessions hash and the dashboard shows).
     raw_prompt: str | list[int] | None = None
     return_token_ids: bool = False  # vLLM's opt-in: the answer carries prompt and output ids
+    prompt_logprobs: bool = False  # the engine returns the prompt's logprobs too (echo)
 
 
 @dataclass
@@ -104,3 +105,7 @@ class Completion:
     finish_reason: str  # stop | length | tool_calls | abort
     prompt_tokens: int
     cached_tokens: int = 0
+    # with ``GenerationRequest.prompt_logprobs``: each prompt token's logprob (the first
+    # None) and top alternatives (None first), as the engine returned them
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top: list[list[tuple[int, float]] | None] | None = None

@@ -130,6 +130,28 @@ def choose_tools(
     return "required", chosen
 
 
+# The engines' seed range (64-bit signed, SGLang's and the embedded engine's); choice i of
+# n is sampled with seed + i, so that must fit too.
+SEED_MIN = -(2**63)
+SEED_MAX = 2**63 - 1
+MAX_STOP = 4  # OpenAI's limit on stop sequences
+
+
+def seed_and_stop(seed: int | None, n: int, stop: str | list[str] | None) -> list[str]:
+    """OpenAI's ``seed`` (checked against the engines' range for ``n`` choices) and
+    ``stop`` (one string or up to four) checked; returns the stop sequences as a list."""
+    if seed is not None and not SEED_MIN <= seed <= SEED_MAX - (n - 1):
+        raise bad_request(
+            f"invalid value for 'seed': must be an integer in [{SEED_MIN}, "
+            f"{SEED_MAX - (n - 1)}] (a 64-bit signed integer; choice i uses seed + i)",
+            "seed",
+        )
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if len(stops) > MAX_STOP:
+        raise bad_request(f"stop may hold at most {MAX_STOP} sequences", "stop")
+    return stops
+
+
 def internal_request(
     protocol: str,
     req: Any,

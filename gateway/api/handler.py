@@ -49,12 +49,16 @@ class StreamWriter(Protocol):
         ...
 
 
-async def open_stream(pipeline: Pipeline, prep: Prepared) -> tuple[Any, StreamEvent | None]:
+async def open_stream(
+    pipeline: Pipeline, prep: Prepared, keep_partial: bool = True
+) -> tuple[Any, StreamEvent | None]:
     """Start generating before any response byte is sent, so an engine that is down or a
     request it refuses still gets a proper HTTP error instead of a broken 200 stream.
-    Returns the event stream and its first event; pass both to ``replay``."""
+    Returns the event stream and its first event; pass both to ``replay``.
+    ``keep_partial=False``: a stream the client leaves records nothing (one prompt of a
+    batch, which is recorded whole or not at all)."""
     for attempt in (0, 1):
-        events = pipeline.stream(prep)
+        events = pipeline.stream(prep, keep_partial)
         try:
             first = await events.__anext__()
         except StopAsyncIteration:
@@ -152,8 +156,11 @@ class ApiHandler:
     @classmethod
     async def handle(cls, request: Request) -> Response:
         handler = cls(await open_call(request))
-        preps = [await handler.prepare(r) for r in await handler.to_internal()]
-        return await handler.answer(preps)
+        return await handler.answer(await handler.prepare_all(await handler.to_internal()))
+
+    async def prepare_all(self, reqs: list[GenerationRequest]) -> list[Prepared]:
+        """Every request prepared before any is generated."""
+        return [await self.prepare(r) for r in reqs]
 
     async def prepare(self, req: GenerationRequest) -> Prepared:
         prep = await self.pipeline.prepare(

@@ -80,6 +80,30 @@ def test_generate_answer_logprobs_and_top(target: Target) -> None:
         assert pos[0][0] == tid and pos[0][1] == pytest.approx(lp, abs=1e-5)  # greedy: top-1
 
 
+def test_prompt_logprobs_from_logprob_start_len(target: Target, hf_model) -> None:  # type: ignore[no-untyped-def]
+    """``logprob_start_len`` 0 returns the prompt's logprobs, the first None, each later
+    one log p(token j | tokens before j) of the unscaled model (the reference: HF), with
+    the top alternatives (None first); -1 (SGLang's default) returns none."""
+    import torch
+
+    one = proto.Sampling(max_new_tokens=1, temperature=0.7)
+    with _engine(target) as e:
+        out = _one(e, one, top_logprobs=2, logprob_start_len=0)
+        plain = _one(e, one)
+    assert plain.prompt_logprobs is None
+    lps = out.prompt_logprobs
+    assert lps is not None and len(lps) == len(PROMPT) and lps[0] is None
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([PROMPT])).logits[0].float()
+    want = torch.log_softmax(logits, dim=-1)[:-1].gather(1, torch.tensor(PROMPT[1:])[:, None])
+    assert lps[1:] == pytest.approx(want[:, 0].tolist(), abs=0.05)
+    assert out.prompt_top is not None and out.prompt_top[0] is None
+    assert len(out.prompt_top) == len(PROMPT)
+    for pos, lp, tid in zip(out.prompt_top[1:], lps[1:], PROMPT[1:], strict=True):
+        assert len(pos) == 2 and pos[0][1] >= pos[1][1]
+        assert tid in dict(pos) or lp <= pos[1][1] + 1e-4
+
+
 def test_seed_is_accepted(target: Target) -> None:
     """rlgate sends a client's seed as ``sampling_seed``; SGLang refuses ``seed`` (400)."""
     seeded = proto.Sampling(max_new_tokens=3, temperature=1.0, seed=1234)

@@ -119,3 +119,39 @@ def test_an_unreachable_database_settles_tickets_at_once_and_keeps_the_records(t
     finally:
         rec.stop(timeout=1)
         engine.dispose()
+
+
+def test_one_record_call_is_never_split_between_transactions(factory, tmp_path):
+    """The records of one ``record()`` (a call's choices, a Completions batch) are
+    written in one transaction even when they are more than the writer's batch."""
+    rec = Recorder(
+        factory,
+        tmp_path / "spool",
+        batch_max=2,
+        fsync=False,
+        dead_letter_path=tmp_path / "dead.jsonl",
+    )
+    written: list[set[str]] = []
+    store = rec._store
+
+    def watched(records, patient=True):  # type: ignore[no-untyped-def]
+        written.append({iid(r) for r in records})
+        return store(records, patient)
+
+    rec._store = watched  # type: ignore[method-assign]
+    rec.start()
+    try:
+
+        async def run() -> list[list[dict]]:
+            units = [[entry() for _ in range(3)] for _ in range(6)]
+            tickets = await asyncio.gather(*[rec.record(u) for u in units])
+            assert all(await asyncio.gather(*[t.wait(60) for t in tickets]))
+            return units
+
+        units = asyncio.run(run())
+    finally:
+        rec.stop()
+    for unit in units:
+        ids = {iid(e) for e in unit}
+        assert any(ids <= batch for batch in written), (ids, written)
+        assert _in_db(factory, unit)[0] == ids

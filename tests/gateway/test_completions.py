@@ -9,9 +9,15 @@ import json
 
 import httpx
 import pytest
+from sqlalchemy import func, select
 from transformers import AutoTokenizer
 
+from core.db import make_engine, session_factory, transaction
+from core.keys import create_key
+from core.migrate import upgrade
+from schemas.tables import InteractionRow
 from tests.gateway.helpers import wait_recorded
+from tests.servers import gateway
 
 PROMPT = "The capital of France is"
 RAW = {"return_token_ids": True}
@@ -108,6 +114,22 @@ def test_stop_logprobs_and_echo(stack, tok):
     e = post(stack, key, {**base, "echo": True}).json()["choices"][0]
     assert e["text"] == PROMPT + full
 
+    # echo with logprobs: the prompt's tokens first (the first has no logprob), as vLLM
+    r = post(stack, key, {**base, "echo": True, "logprobs": 2, **RAW})
+    assert r.status_code == 200, r.text
+    ec = r.json()["choices"][0]
+    elp, prompt_ids = ec["logprobs"], ec["prompt_token_ids"]
+    assert ec["text"] == PROMPT + full == "".join(elp["tokens"])
+    assert len(elp["tokens"]) == len(prompt_ids) + len(ec["token_ids"])
+    assert elp["token_logprobs"][0] is None and elp["top_logprobs"][0] is None
+    n = len(prompt_ids)
+    assert all(x <= 0 for x in elp["token_logprobs"][1:n])
+    for k in range(1, n):
+        alts = elp["top_logprobs"][k]
+        assert 2 <= len(alts) <= 3 and elp["token_logprobs"][k] <= max(alts.values()) + 1e-6
+    assert elp["token_logprobs"][n:] == pytest.approx(lp["token_logprobs"], abs=1e-4)
+    assert elp["text_offset"][n] == len(PROMPT)
+
 
 def sse(r: httpx.Response) -> list:  # type: ignore[no-untyped-def]
     lines = [ln[6:] for ln in r.text.split("\n") if ln.startswith("data: ")]
@@ -138,6 +160,30 @@ def test_stream_with_usage_and_token_ids(stack, tok):
 
 
 @SQLITE
+def test_stream_echo_with_logprobs_of_two_prompts(stack, tok):
+    key = stack.key()
+    prompts = [PROMPT, "One, two"]
+    base = {"prompt": prompts, "max_tokens": 3, "temperature": 0, "echo": True, "logprobs": 1}
+    whole = post(stack, key, base).json()["choices"]
+    chunks = sse(post(stack, key, {**base, "stream": True}))
+    firsts: dict[int, dict] = {}
+    texts: dict[int, str] = {}
+    for c in chunks:
+        for ch in c["choices"]:
+            firsts.setdefault(ch["index"], ch)
+            texts[ch["index"]] = texts.get(ch["index"], "") + ch["text"]
+    assert sorted(firsts) == [0, 1]
+    for k, prompt in enumerate(prompts):
+        head, want = firsts[k], whole[k]["logprobs"]
+        n = len(tok.encode(prompt))
+        assert head["text"] == prompt and texts[k] == whole[k]["text"]
+        lp = head["logprobs"]
+        assert lp["tokens"] == want["tokens"][:n] and "".join(lp["tokens"]) == prompt
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        assert lp["token_logprobs"][1:] == pytest.approx(want["token_logprobs"][1:n], abs=1e-3)
+
+
+@SQLITE
 @pytest.mark.parametrize(
     ("body", "param", "says"),
     [
@@ -147,8 +193,6 @@ def test_stream_with_usage_and_token_ids(stack, tok):
         ({"prompt": ""}, "prompt", "empty"),
         ({"prompt": [10**9]}, "prompt", "vocabulary"),
         ({"prompt": "x", "suffix": "y"}, "suffix", "fill-in-the-middle"),
-        ({"prompt": "x", "echo": True, "logprobs": 1}, "echo", "prompt's logprobs"),
-        ({"prompt": ["a", "b"], "stream": True}, "prompt", "one prompt"),
         ({"prompt": "x", "logprobs": 50}, "logprobs", "20"),
         ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
         ({"prompt": "x", "best_of": 3}, "best_of", "best_of"),
@@ -161,3 +205,153 @@ def test_bad_input_is_a_400_in_openai_shape(stack, body, param, says):
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param
     assert says in err["message"]
+
+
+def rows_of(factory, ids: list[str]) -> int:  # type: ignore[no-untyped-def]
+    """How many interactions of these calls (their ids, with or without a choice suffix)
+    are in the database."""
+    with factory() as db:
+        return sum(
+            db.scalar(
+                select(func.count())
+                .select_from(InteractionRow)
+                .where(InteractionRow.id.like(f"{i}%"))
+            )
+            for i in ids
+        )
+
+
+def test_multi_prompt_stream_with_the_sdk_is_recorded_like_the_batch(stack, tok):
+    client = stack.client()
+    prompts = [PROMPT, "One, two, three,"]
+    raw = client.completions.with_raw_response.create(
+        model="rlgate-policy",
+        prompt=prompts,
+        n=2,
+        max_tokens=5,
+        seed=11,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=RAW,
+    )
+    first, second = raw.headers["x-rlgate-interaction-ids"].split(",")
+    chunks = list(raw.parse())
+    usage = chunks[-1].usage
+    assert chunks[-1].choices == [] and usage is not None
+    body = chunks[:-1]
+    assert {c.id for c in body} == {first}
+    texts: dict[int, str] = {}
+    ids: dict[int, list[int]] = {}
+    prompt_ids: dict[int, list[int]] = {}
+    finishes: dict[int, str] = {}
+    for c in body:
+        for ch in c.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+            extra = ch.model_extra or {}
+            ids.setdefault(ch.index, []).extend(extra.get("token_ids") or [])
+            if "prompt_token_ids" in extra:
+                prompt_ids[ch.index] = extra["prompt_token_ids"]
+            if ch.finish_reason:
+                assert ch.index not in finishes
+                finishes[ch.index] = ch.finish_reason
+    assert sorted(texts) == sorted(finishes) == [0, 1, 2, 3]  # prompt k, sample j: k * n + j
+    want = [tok.encode(p) for p in prompts]
+    assert [prompt_ids[i] for i in range(4)] == [want[0], want[0], want[1], want[1]]
+    assert usage.prompt_tokens == len(want[0]) + len(want[1])
+    assert usage.completion_tokens == sum(len(v) for v in ids.values())
+
+    recs = wait_recorded(stack, [f"{first}.0", f"{first}.1", f"{second}.0", f"{second}.1"])
+    assert [r.completion_token_ids for r in recs] == [ids[i] for i in range(4)]
+    assert [r.prompt_token_ids for r in recs] == [want[0], want[0], want[1], want[1]]
+    assert [r.group_id for r in recs] == [first, first, second, second]
+    assert [r.finish_reason for r in recs] == [finishes[i] for i in range(4)]
+    assert all(r.request["prompt"] == prompts for r in recs)
+    for i, r in enumerate(recs):
+        assert texts[i] == tok.decode(r.completion_token_ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_batch_with_a_too_long_prompt_is_one_400_naming_it(stack, stream):
+    key = stack.key(project=f"long-{stream}")
+    long = "word " * 3000  # over the engine's 2048-token context
+    body = {"prompt": ["Hello", long, "Bye"], "max_tokens": 2, "stream": stream}
+    r = post(stack, key, body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == "prompt[1]"
+    assert err["message"].startswith("prompt 1 (of 3") and "context" in err["message"]
+    with stack.factory() as db:
+        n = db.scalar(
+            select(func.count())
+            .select_from(InteractionRow)
+            .where(InteractionRow.project_id == f"long-{stream}")
+        )
+    assert n == 0
+
+
+def leave_stream(stack, key: str, prompt) -> list[str]:  # type: ignore[no-untyped-def]
+    """Stream a long answer to ``prompt`` and leave after four events; the interaction
+    ids of the call."""
+    body = {"prompt": prompt, "max_tokens": 300, "temperature": 1.0, "stream": True}
+    with (
+        httpx.Client(timeout=120) as c,
+        c.stream(
+            "POST",
+            stack.gw.url + "/v1/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json=body,
+        ) as r,
+    ):
+        assert r.status_code == 200
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data:")
+            if seen >= 4:
+                break
+        return r.headers["x-rlgate-interaction-ids"].split(",")
+
+
+@SQLITE
+def test_a_batch_stream_the_client_leaves_records_nothing(stack):
+    key = stack.key()
+    batch = leave_stream(stack, key, ["Tell a long story.", "Write a poem."])
+    # a call after it is recorded; the left batch (aborted at once) never is
+    after = post(stack, key, {"prompt": "Hi", "max_tokens": 2}).json()["id"]
+    wait_recorded(stack, [after])
+    assert rows_of(stack.factory, batch) == 0
+
+
+@SQLITE
+def test_a_lone_prompt_stream_the_client_leaves_is_recorded_as_abort(stack):
+    (iid,) = leave_stream(stack, stack.key(), "Tell a long story.")
+    (rec,) = wait_recorded(stack, [iid], timeout=30)
+    assert rec.finish_reason == "abort"
+    assert 0 < len(rec.completion_token_ids) < 300
+
+
+def test_an_engine_refusal_mid_batch_records_nothing(db_url, engine, tmp_path):
+    """With room for one engine request at a time, the second prompt of a batch is
+    refused (429) while the first generates: the first is cancelled, nothing recorded."""
+    upgrade(db_url)
+    factory = session_factory(make_engine(db_url))
+    with transaction(factory) as db:
+        _, secret = create_key(db, "batch", "agent")
+    h = {"Authorization": f"Bearer {secret}"}
+    body = {"prompt": ["Tell a long story.", "Write a poem."], "max_tokens": 200}
+    with gateway(tmp_path / "gw", db_url, engine.url, max_in_flight_per_engine="1") as gw:
+        for stream in (False, True):
+            r = httpx.post(
+                gw.url + "/v1/completions", headers=h, timeout=120, json={**body, "stream": stream}
+            )
+            assert r.status_code == 429, r.text
+            assert r.json()["error"]["type"] == "rate_limit_error"
+        ok = httpx.post(
+            gw.url + "/v1/completions",
+            headers=h,
+            timeout=120,
+            json={"prompt": "Hi", "max_tokens": 2},
+        )
+        assert ok.status_code == 200, ok.text
+        wait_recorded(type("S", (), {"factory": factory})(), [ok.json()["id"]])
+        with factory() as db:
+            assert db.scalar(select(func.count()).select_from(InteractionRow)) == 1

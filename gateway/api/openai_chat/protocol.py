@@ -7,13 +7,9 @@ from typing import Any, Literal
 from pydantic import Field
 
 from gateway.api.base import Loose
-from gateway.request import ToolCallOut
+from gateway.request import Completion, ToolCallOut
 
 MAX_N = 8
-# The engines' seed range (64-bit signed, SGLang's and the embedded engine's); choice i of
-# n is sampled with seed + i, so that must fit too.
-SEED_MIN = -(2**63)
-SEED_MAX = 2**63 - 1
 
 
 class ChatRequest(Loose):
@@ -77,6 +73,16 @@ def usage_json(prompt_tokens: int, completion_tokens: int, cached: int = 0) -> d
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
+
+
+def calls_usage(calls: list[tuple[int, list[Completion]]]) -> dict[str, Any]:
+    """The usage of one or more calls (prompt tokens, their finished choices): tokens
+    summed; cached, per call the least any of its choices found."""
+    return usage_json(
+        sum(p for p, _ in calls),
+        sum(len(c.output_ids) for _, cs in calls for c in cs),
+        sum(min((c.cached_tokens for c in cs), default=0) for _, cs in calls),
+    )
 
 
 def chunk_choice(

@@ -7,23 +7,21 @@ from typing import Any
 
 from core.errors import APIError
 from gateway.api.base import sse_data, token_ids
-from gateway.api.openai_chat.protocol import chunk_choice, tool_call_json, usage_json
+from gateway.api.openai_chat.protocol import calls_usage, chunk_choice, tool_call_json
 from gateway.api.openai_chat.translator import logprobs_content
 from gateway.pipeline import Prepared, StreamEvent
 from gateway.request import Completion
 
 
-class DataStream:
-    """What the OpenAI ``data:``-only streams share (Chat Completions, Completions): chunks
-    of one ``object`` kind, an error event, and at the end usage (if asked for) and
-    ``[DONE]`` once the record is durable. Subclasses write ``start`` and ``event``."""
+class OpenAIStream:
+    """What OpenAI's two chunk streams (Chat Completions, Completions) share: chunks that
+    carry the call's id, the error event, and the end: usage (if asked for) and
+    ``[DONE]``, sent once the record is durable."""
 
-    def __init__(self, prep: Prepared, tokenizer: Any, model: str, kind: str) -> None:
-        self.prep = prep
-        self.tokenizer = tokenizer
+    def __init__(self, prep: Prepared, obj: str, model: str) -> None:
         self.base = {
             "id": prep.interaction_id,
-            "object": kind,
+            "object": obj,
             "created": int(time.time()),
             "model": model,
             "system_fingerprint": prep.policy_version,
@@ -40,21 +38,20 @@ class DataStream:
     def close(self, finished: list[Completion]) -> list[bytes]:
         return []
 
-    def end(self, finished: list[Completion]) -> list[bytes]:
-        out = []
-        if self.prep.req.include_usage:
-            ct = sum(len(c.output_ids) for c in finished)
-            cached = min((c.cached_tokens for c in finished), default=0)
-            out.append(self._chunk(usage=usage_json(len(self.prep.prompt_ids), ct, cached)))
-        return [*out, b"data: [DONE]\n\n"]
+    def tail(self, include_usage: bool, calls: list[tuple[int, list[Completion]]]) -> list[bytes]:
+        """The end: a usage chunk of ``calls`` (prompt tokens, choices) if asked, [DONE]."""
+        usage = [self._chunk(usage=calls_usage(calls))] if include_usage else []
+        return [*usage, b"data: [DONE]\n\n"]
 
 
-class ChatStream(DataStream):
+class ChatStream(OpenAIStream):
     """A ``handler.StreamWriter``: a role chunk per choice, then content, tool-call and finish
     chunks as they come; usage (if asked for) and ``[DONE]`` once the record is durable."""
 
     def __init__(self, prep: Prepared, tokenizer: Any, model: str) -> None:
-        super().__init__(prep, tokenizer, model, "chat.completion.chunk")
+        super().__init__(prep, "chat.completion.chunk", model)
+        self.prep = prep
+        self.tokenizer = tokenizer
         self.tool_index = [0] * prep.req.sampling.n
 
     def start(self) -> list[bytes]:
@@ -91,3 +88,6 @@ class ChatStream(DataStream):
         if ev.finished:
             out.append(self._chunk(chunk_choice(ev.index, {}, None, ev.finished.finish_reason)))
         return out
+
+    def end(self, finished: list[Completion]) -> list[bytes]:
+        return self.tail(self.prep.req.include_usage, [(len(self.prep.prompt_ids), finished)])

@@ -11,11 +11,9 @@ from gateway.api import base
 from gateway.api.openai_chat.protocol import (
     IGNORED,
     REFUSED,
-    SEED_MAX,
-    SEED_MIN,
     ChatRequest,
+    calls_usage,
     tool_call_json,
-    usage_json,
 )
 from gateway.errors import bad_request
 from gateway.pipeline import Prepared
@@ -137,25 +135,10 @@ def _tool_choice(req: ChatRequest, tools: list[Tool]) -> tuple[str | dict[str, A
     return base.choose_tools(choice, tools)
 
 
-def seed_and_stop(seed: int | None, n: int, stop: str | list[str] | None) -> list[str]:
-    """OpenAI's ``seed`` and ``stop`` checked (choice i of ``n`` samples with seed + i,
-    which must stay a 64-bit integer; at most 4 stop sequences): the stop sequences."""
-    if seed is not None and not SEED_MIN <= seed <= SEED_MAX - (n - 1):
-        raise bad_request(
-            f"invalid value for 'seed': must be an integer in [{SEED_MIN}, "
-            f"{SEED_MAX - (n - 1)}] (a 64-bit signed integer; choice i uses seed + i)",
-            "seed",
-        )
-    stops = [stop] if isinstance(stop, str) else list(stop or [])
-    if len(stops) > 4:
-        raise bad_request("stop may hold at most 4 sequences", "stop")
-    return stops
-
-
 def _sampling(req: ChatRequest, json_schema: str | None) -> Sampling:
     if req.top_logprobs and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs: true", "top_logprobs")
-    stop = seed_and_stop(req.seed, req.n, req.stop)
+    stop = base.seed_and_stop(req.seed, req.n, req.stop)
     return Sampling(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
@@ -250,11 +233,7 @@ def response_body(
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": usage_json(
-            len(prep.prompt_ids),
-            sum(len(c.output_ids) for c in completions),
-            min((c.cached_tokens for c in completions), default=0),
-        ),
+        "usage": calls_usage([(len(prep.prompt_ids), completions)]),
         "system_fingerprint": prep.policy_version,
         **base.token_ids(prep),
     }

@@ -1,23 +1,20 @@
 """OpenAI Completions route: ``POST /v1/completions`` (alias ``/completions``).
 
-Each prompt of a call is its own interaction (``n`` choices each), prepared and recorded
-by the shared pipeline; the answer's id is the first prompt's interaction id and
+Each prompt of a call is its own interaction (``n`` choices each), prepared by the shared
+pipeline; the prompts are generated, streamed or not, and recorded as one unit
+(``prompt_batch.py``). The answer's id is the first prompt's interaction id and
 ``X-Rlgate-Interaction-Ids`` lists every prompt's."""
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from gateway.api.handler import ApiHandler, StreamWriter
-from gateway.api.openai_completions import translator
-from gateway.api.openai_completions.stream import CompletionStream
-from gateway.errors import bad_request
+from core.errors import APIError
+from gateway.api.handler import ApiHandler
+from gateway.api.openai_completions import prompt_batch, stream, translator
 from gateway.pipeline import Prepared
-from gateway.request import Completion, GenerationRequest
+from gateway.request import GenerationRequest
 from gateway.request_context import headers_for
 
 router = APIRouter()
@@ -27,30 +24,44 @@ class Completions(ApiHandler):
     ID_PREFIX = translator.ID_PREFIX
 
     async def to_internal(self) -> list[GenerationRequest]:
-        reqs = translator.to_internal(self.call.body, self.session_header())
-        if len(reqs) > 1 and reqs[0].stream:
-            raise bad_request(
-                "stream takes one prompt per call; send each prompt as its own streaming call "
-                "(or several prompts without stream)",
-                "prompt",
-            )
-        return reqs
+        return translator.to_internal(self.call.body, self.session_header())
 
-    def body(self, prep: Prepared, completions: list[Completion]) -> dict[str, Any]:
-        return translator.response_body([prep], [completions], self.tokenizer, self.model)
-
-    def writer(self, prep: Prepared) -> StreamWriter:
-        return CompletionStream(prep, self.tokenizer, self.model)
+    async def prepare_all(self, reqs: list[GenerationRequest]) -> list[Prepared]:
+        """Every prompt prepared before any is generated; with several, a refused one (too
+        long, say) is a 400 that names its index, and nothing runs."""
+        preps = []
+        for k, r in enumerate(reqs):
+            try:
+                preps.append(await self.prepare(r))
+            except APIError as e:
+                if len(reqs) == 1:
+                    raise
+                param = f"prompt[{k}]" if e.param in (None, "prompt") else e.param
+                raise APIError(
+                    e.status,
+                    f"prompt {k} (of {len(reqs)}, counted from 0): {e.message}",
+                    param=param,
+                    code=e.code,
+                    headers=e.headers,
+                ) from None
+        return preps
 
     async def answer(self, preps: list[Prepared]) -> Response:
-        """One prompt as any call; several generated at once and answered together."""
-        if len(preps) == 1:
-            return await super().answer(preps)
-        results = await asyncio.gather(*(self.pipeline.complete(p) for p in preps))
+        """Every prompt generated at once, streamed as one stream or answered together,
+        and recorded as one unit."""
         headers = {
             **headers_for(preps[0]),
             "X-Rlgate-Interaction-Ids": ",".join(p.interaction_id for p in preps),
         }
+        if preps[0].req.stream:
+            opened = await prompt_batch.open_all(self.pipeline, preps)
+            writer = stream.CompletionStream(preps, self.tokenizer, self.model)
+            return StreamingResponse(
+                stream.body(self.pipeline, opened, writer),
+                media_type="text/event-stream",
+                headers={**headers, "Cache-Control": "no-cache"},
+            )
+        results = await prompt_batch.complete(self.pipeline, preps)
         body = translator.response_body(preps, results, self.tokenizer, self.model)
         return JSONResponse(body, headers=headers)
 

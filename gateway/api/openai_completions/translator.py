@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from core.errors import APIError
 from gateway.api import base
-from gateway.api.openai_chat.protocol import usage_json
-from gateway.api.openai_chat.translator import seed_and_stop
+from gateway.api.openai_chat.protocol import calls_usage
 from gateway.api.openai_completions.protocol import (
     MAX_PROMPTS,
     CompletionRequest,
@@ -49,7 +49,7 @@ def prompts(raw: Any) -> list[str | list[int]]:
 
 
 def _sampling(req: CompletionRequest) -> Sampling:
-    stop = seed_and_stop(req.seed, req.n, req.stop)
+    stop = base.seed_and_stop(req.seed, req.n, req.stop)
     return Sampling(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
@@ -69,12 +69,6 @@ def _refuse(req: CompletionRequest) -> None:
             "suffix (fill-in-the-middle) is not supported: the served model has no "
             "fill-in-the-middle template; put the text before the gap in prompt and drop suffix",
             "suffix",
-        )
-    if req.echo and req.logprobs is not None:
-        raise bad_request(
-            "echo with logprobs needs the prompt's logprobs, which rlgate does not return; "
-            "drop echo (the prompt ids are in return_token_ids) or drop logprobs",
-            "echo",
         )
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request("best_of is not supported; drop it (or set it equal to n)", "best_of")
@@ -108,6 +102,7 @@ def to_internal(body: Any, session_header: str | None) -> list[GenerationRequest
                 session_hint=session_header,
                 raw_prompt=prompt,
                 return_token_ids=req.return_token_ids,
+                prompt_logprobs=req.echo and req.logprobs is not None,
             )
         )
     return out
@@ -137,19 +132,24 @@ def echoed(prep: Prepared, tokenizer: Any) -> str:
 def logprobs_json(
     tokenizer: Any,
     ids: list[int],
-    lps: list[float],
-    tops: list[list[tuple[int, float]]] | None,
+    lps: list[float] | list[float | None],
+    tops: list[list[tuple[int, float]]] | list[list[tuple[int, float]] | None] | None,
     offset: int = 0,
 ) -> dict[str, Any]:
     """The legacy logprobs object: each token's text, logprob, top alternatives (token
-    text -> logprob, the sampled token always among them) and character offset."""
+    text -> logprob, the sampled token always among them) and character offset. A
+    position without a logprob (an echoed prompt's first token) has null for both."""
     tokens, offsets, top = [], [], []
     for k, (tid, lp) in enumerate(zip(ids, lps, strict=True)):
         tok = tokenizer.decode([tid])
         tokens.append(tok)
         offsets.append(offset)
         offset += len(tok)
-        alts = {tokenizer.decode([t]): v for t, v in (tops[k] if tops and k < len(tops) else [])}
+        if lp is None:
+            top.append(None)
+            continue
+        given = (tops[k] if tops and k < len(tops) else None) or []
+        alts = {tokenizer.decode([t]): v for t, v in given}
         alts.setdefault(tok, lp)
         top.append(alts)
     return {
@@ -160,11 +160,27 @@ def logprobs_json(
     }
 
 
+def _echo_logprobs(prep: Prepared, c: Completion, tokenizer: Any) -> dict[str, Any]:
+    """``echo`` with ``logprobs``: the prompt's tokens (the first without a logprob, as
+    vLLM answers) and then the completion's, in one logprobs object."""
+    n = len(prep.prompt_ids)
+    if c.prompt_logprobs is None or len(c.prompt_logprobs) != n:
+        raise APIError(503, "the engine did not return the prompt's logprobs; retry")
+    return logprobs_json(
+        tokenizer,
+        [*prep.prompt_ids, *c.output_ids],
+        [*c.prompt_logprobs, *c.logprobs],
+        [*(c.prompt_top or [None] * n), *(c.top_logprobs or [None] * len(c.output_ids))],
+    )
+
+
 def choice_of(
     prep: Prepared, c: Completion, index: int, tokenizer: Any, prefix: str = ""
 ) -> dict[str, Any]:
     logprobs = None
-    if prep.req.sampling.logprobs:
+    if prep.req.prompt_logprobs:  # echo: the prompt's tokens first, then the completion's
+        logprobs = _echo_logprobs(prep, c, tokenizer)
+    elif prep.req.sampling.logprobs:
         logprobs = logprobs_json(tokenizer, c.output_ids, c.logprobs, c.top_logprobs, len(prefix))
     choice = choice_json(index, prefix + c.text, logprobs, c.finish_reason)
     return {**choice, **base.token_ids(prep, c)}  # vLLM's place: in each choice
@@ -186,10 +202,8 @@ def response_body(
         "created": int(time.time()),
         "model": model,
         "choices": choices,
-        "usage": usage_json(
-            sum(len(p.prompt_ids) for p in preps),
-            sum(len(c.output_ids) for cs in results for c in cs),
-            sum(min((c.cached_tokens for c in cs), default=0) for cs in results),
+        "usage": calls_usage(
+            [(len(p.prompt_ids), cs) for p, cs in zip(preps, results, strict=True)]
         ),
         "system_fingerprint": preps[0].policy_version,
     }
