@@ -16,7 +16,7 @@ after the answer.
 
 from __future__ import annotations
 
-from typing import Any
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.errors import APIError
 from gateway.errors import send_error
@@ -35,11 +35,11 @@ def too_large(limit: int, size: int | None = None) -> APIError:
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app: Any, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -50,7 +50,7 @@ class BodyLimitMiddleware:
             return
         seen = 0
 
-        async def limited_receive() -> dict:
+        async def limited_receive() -> Message:
             nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
@@ -64,7 +64,7 @@ class BodyLimitMiddleware:
         await self.app(scope, limited_receive, send)
 
 
-def _content_length(scope: dict) -> int | None:
+def _content_length(scope: Scope) -> int | None:
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
             try:
@@ -74,7 +74,7 @@ def _content_length(scope: dict) -> int | None:
     return None
 
 
-async def _drain(receive: Any, declared: int | None) -> None:
+async def _drain(receive: Receive, declared: int | None) -> None:
     """Read and drop the rest of the request body, up to DRAIN_BYTES."""
     if declared is not None and declared > DRAIN_BYTES:
         return
