@@ -24,7 +24,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,22 +32,11 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.stub_stack import Procs, wait_up  # noqa: E402
 from tests.servers import MODEL_CACHE, free_port  # noqa: E402
 
 BODY = {"model": "stub", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16}
 
-
-def wait_up(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url} exited with {proc.returncode}")
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    raise RuntimeError(f"{url} did not start")
 
 
 def sequential(url: str, headers: dict[str, str], n: int) -> list[float]:
@@ -92,29 +80,14 @@ def main() -> None:
     ap.add_argument("--litellm", default=shutil.which("litellm"), help="litellm CLI (proxy)")
     args = ap.parse_args()
 
-    tmp = Path(tempfile.mkdtemp(prefix="rlgate-bench-"))
-    procs: list[subprocess.Popen] = []
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-
-    def spawn(cmd: list[str], log: str, extra: dict[str, str] | None = None) -> subprocess.Popen:
-        out = open(tmp / log, "wb")  # noqa: SIM115 - lives as long as the process
-        p = subprocess.Popen(
-            cmd, env={**env, **(extra or {})}, cwd=tmp, stdout=out, stderr=subprocess.STDOUT
-        )
-        procs.append(p)
-        return p
+    ps = Procs("rlgate-bench-")
+    tmp, env, spawn = ps.tmp, ps.env, ps.spawn
 
     try:
         from engine.model_files import PACKAGED_MODEL, resolve_model_dir
 
         model_dir = resolve_model_dir(PACKAGED_MODEL, MODEL_CACHE)
-        stub_port = free_port()
-        stub = spawn(
-            [sys.executable, str(REPO / "bench" / "stub_upstream.py"), "--port", str(stub_port)],
-            "stub.log",
-        )
-        stub_url = f"http://127.0.0.1:{stub_port}"
-        wait_up(stub_url + "/health", stub)
+        stub_url = ps.stub(free_port())
 
         # rlgate, recording into SQLite (the embedded default), in both spool modes: the
         # default (records written to the spool file before the response: survives a crash)
@@ -257,14 +230,7 @@ def main() -> None:
             n_rec = sqlite3.connect(db).execute("select count(*) from interactions").fetchone()[0]
             print(f"{name} recorded {n_rec} of {sent} requests")
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
+        ps.close()
 
 
 if __name__ == "__main__":

@@ -24,13 +24,11 @@ import asyncio
 import json
 import os
 import platform
-import shutil
 import signal
 import sqlite3
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from datetime import UTC, datetime
@@ -38,11 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.stub_stack import Procs, wait_up  # noqa: E402
 from tests.servers import MODEL_CACHE, free_port  # noqa: E402
 
 
@@ -59,19 +57,6 @@ def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
-
-def wait_up(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} did not start")
 
 
 class Stats:
@@ -207,29 +192,14 @@ def main() -> None:
 
     # SIGTERM runs the cleanup below too (the stub and the gateway are stopped)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    tmp = Path(tempfile.mkdtemp(prefix="rlgate-load-"))
-    procs: list[subprocess.Popen] = []
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-
-    def spawn(cmd: list[str], log: str, extra: dict[str, str] | None = None) -> subprocess.Popen:
-        out = open(tmp / log, "wb")  # noqa: SIM115 - lives as long as the process
-        p = subprocess.Popen(
-            cmd, env={**env, **(extra or {})}, cwd=tmp, stdout=out, stderr=subprocess.STDOUT
-        )
-        procs.append(p)
-        return p
+    ps = Procs("rlgate-load-")
+    tmp, env, spawn = ps.tmp, ps.env, ps.spawn
 
     try:
         from engine.model_files import PACKAGED_MODEL, resolve_model_dir
 
         model_dir = resolve_model_dir(PACKAGED_MODEL, MODEL_CACHE)
-        stub_port = free_port()
-        stub_cmd = [sys.executable, str(REPO / "bench" / "stub_upstream.py"), "--port"]
-        stub = spawn(
-            [*stub_cmd, str(stub_port), "--token-delay-ms", str(args.token_delay_ms)], "stub.log"
-        )
-        stub_url = f"http://127.0.0.1:{stub_port}"
-        wait_up(stub_url + "/health", stub)
+        stub_url = ps.stub(free_port(), "--token-delay-ms", str(args.token_delay_ms))
 
         db_url = args.db_url or f"sqlite:///{tmp / 'rlgate.db'}"
         gw_env = {
@@ -297,14 +267,7 @@ def main() -> None:
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
+        ps.close()
 
 
 if __name__ == "__main__":
