@@ -10,7 +10,9 @@ or ``?err=``.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import urllib.parse
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -70,12 +72,47 @@ def _overview_charts(ov: dict[str, Any]) -> list[str]:
 # ---- pages --------------------------------------------------------------------------
 
 
-@router.get("/admin")
-@router.get("/admin/")
-async def overview_page(request: Request) -> Response:
-    ctx = await page_ctx(request)
-    if isinstance(ctx, Response):
-        return ctx
+PageFn = Callable[..., Awaitable[Response]]
+
+
+def _guarded(method: str, paths: tuple[str, ...], check: Callable[[Request], Any]) -> Any:
+    """Register ``fn(request, <what check gives>, **path params)`` at ``paths``: ``check``
+    answers a Response (the login page, a CSRF refusal) or what ``fn`` takes after
+    ``request``. FastAPI reads ``fn``'s signature less those parameters."""
+
+    def register(fn: PageFn) -> PageFn:
+        async def route(request: Request, **params: Any) -> Response:
+            got = await check(request)
+            if isinstance(got, Response):
+                return got
+            return await fn(request, *(got if isinstance(got, tuple) else (got,)), **params)
+
+        sig = inspect.signature(fn)
+        route.__signature__ = sig.replace(  # type: ignore[attr-defined]
+            parameters=[x for x in sig.parameters.values() if x.name not in ("ctx", "form")]
+        )
+        route.__name__ = fn.__name__
+        for path in paths:
+            router.add_api_route(path, route, methods=[method])
+        return fn
+
+    return register
+
+
+def page(*paths: str) -> Callable[[PageFn], PageFn]:
+    """A dashboard page: ``fn(request, ctx, **path params)`` for a logged-in admin; anyone
+    else is sent to the login page."""
+    return _guarded("GET", paths, page_ctx)
+
+
+def form_post(path: str) -> Callable[[PageFn], PageFn]:
+    """A dashboard form: ``fn(request, ctx, form, **path params)`` for a logged-in admin
+    whose form carries the session's CSRF token."""
+    return _guarded("POST", (path,), form_ctx)
+
+
+@page("/admin", "/admin/")
+async def overview_page(request: Request, ctx: Ctx) -> Response:
     ov = await db(request, queries.overview, ctx.scope)
     ov["recording"] = recording_status(request)
     pids = [p["id"] for p in ov["projects"]]
@@ -104,20 +141,14 @@ async def _list_html(
     return html(render(request, template, ctx, page=page, f=request.query_params, **extra), status)
 
 
-@router.get("/admin/sessions")
-async def sessions_page(request: Request) -> Response:
-    ctx = await page_ctx(request)
-    if isinstance(ctx, Response):
-        return ctx
+@page("/admin/sessions")
+async def sessions_page(request: Request, ctx: Ctx) -> Response:
     agents = await db(request, queries.agents, ctx.scope)
     return await _list_html(request, ctx, "sessions", agents=agents)
 
 
-@router.get("/admin/sessions/{session_id}")
-async def session_page(session_id: str, request: Request) -> Response:
-    ctx = await page_ctx(request)
-    if isinstance(ctx, Response):
-        return ctx
+@page("/admin/sessions/{session_id}")
+async def session_page(request: Request, ctx: Ctx, session_id: str) -> Response:
     detail = await db(request, queries.session_detail, ctx.scope, session_id, decoder(request))
     if detail is None:
         return html(render(request, "error.html", ctx, message=f"no session {session_id}"), 404)
@@ -126,28 +157,19 @@ async def session_page(session_id: str, request: Request) -> Response:
     return html(render(request, "session.html", ctx, d=detail, credit=credit))
 
 
-@router.get("/admin/feedback")
-async def feedback_page(request: Request) -> Response:
-    ctx = await page_ctx(request)
-    if isinstance(ctx, Response):
-        return ctx
+@page("/admin/feedback")
+async def feedback_page(request: Request, ctx: Ctx) -> Response:
     return await _list_html(request, ctx, "feedback")
 
 
-@router.get("/admin/runs")
-async def runs_page(request: Request) -> Response:
-    ctx = await page_ctx(request)
-    if isinstance(ctx, Response):
-        return ctx
+@page("/admin/runs")
+async def runs_page(request: Request, ctx: Ctx) -> Response:
     ov = await db(request, queries.overview, ctx.scope, 1)
     return await _list_html(request, ctx, "runs", projects=ov["projects"])
 
 
-@router.get("/admin/runs/{run_id}")
-async def run_page(run_id: str, request: Request) -> Response:
-    ctx = await page_ctx(request)
-    if isinstance(ctx, Response):
-        return ctx
+@page("/admin/runs/{run_id}")
+async def run_page(request: Request, ctx: Ctx, run_id: str) -> Response:
     run = await db(request, queries.run_detail, ctx.scope, run_id, **paging(request))
     if run is None:
         return html(render(request, "error.html", ctx, message=f"no run {run_id}"), 404)
@@ -163,11 +185,8 @@ async def run_page(run_id: str, request: Request) -> Response:
     )
 
 
-@router.get("/admin/adapters")
-async def adapters_page(request: Request) -> Response:
-    ctx = await page_ctx(request)
-    if isinstance(ctx, Response):
-        return ctx
+@page("/admin/adapters")
+async def adapters_page(request: Request, ctx: Ctx) -> Response:
     items = await db(request, queries.adapters, ctx.scope, project=q(request, "project"))
     projects = await db(request, queries.projects, ctx.scope)
     return html(
@@ -183,23 +202,16 @@ async def _keys_html(
     return await _list_html(request, ctx, "keys", status, created=created)
 
 
-@router.get("/admin/keys")
-async def keys_page(request: Request) -> Response:
-    ctx = await page_ctx(request)
-    if isinstance(ctx, Response):
-        return ctx
+@page("/admin/keys")
+async def keys_page(request: Request, ctx: Ctx) -> Response:
     return await _keys_html(request, ctx)
 
 
 # ---- forms --------------------------------------------------------------------------
 
 
-@router.post("/admin/actions/{action}")
-async def action_form(action: str, request: Request) -> Response:
-    got = await form_ctx(request)
-    if isinstance(got, Response):
-        return got
-    ctx, form = got
+@form_post("/admin/actions/{action}")
+async def action_form(request: Request, ctx: Ctx, form: dict[str, str], action: str) -> Response:
     try:
         result = await asyncio.to_thread(
             do_action, request, ctx, action, form.get("project_id"), form.get("target")
@@ -219,12 +231,8 @@ async def action_form(action: str, request: Request) -> Response:
     return back(form, "/admin", msg=text)
 
 
-@router.post("/admin/keys")
-async def key_create_form(request: Request) -> Response:
-    got = await form_ctx(request)
-    if isinstance(got, Response):
-        return got
-    ctx, form = got
+@form_post("/admin/keys")
+async def key_create_form(request: Request, ctx: Ctx, form: dict[str, str]) -> Response:
     gw = gw_of(request)
     try:
         pid = project_for(ctx, form.get("project_id"))
@@ -241,12 +249,10 @@ async def key_create_form(request: Request) -> Response:
     return await _keys_html(request, ctx, created, 201)
 
 
-@router.post("/admin/keys/{key_id}/revoke")
-async def key_revoke_form(key_id: str, request: Request) -> Response:
-    got = await form_ctx(request)
-    if isinstance(got, Response):
-        return got
-    ctx, form = got
+@form_post("/admin/keys/{key_id}/revoke")
+async def key_revoke_form(
+    request: Request, ctx: Ctx, form: dict[str, str], key_id: str
+) -> Response:
     gw = gw_of(request)
     try:
         await asyncio.to_thread(actions.drop_key, gw.factory, key_id, ctx.actor, ctx.scope)
