@@ -250,6 +250,34 @@ def test_two_turns_through_a_conversation(stack, tok):
         client.responses.create(model="gpt-5", conversation={"nope": 1}, input="x")
 
 
+def test_previous_response_id_of_a_conversation_turn_carries_the_conversation(stack, tok):
+    """A response made in a conversation, continued with ``previous_response_id``: the
+    context is what that response saw (the conversation's earlier items) plus its turn;
+    items added to the conversation after it are not."""
+    client = stack.client()
+    conv = client.conversations.create(
+        items=[{"type": "message", "role": "user", "content": "My cat is called Miso."}]
+    )
+    first = client.responses.create(
+        model="gpt-5", conversation=conv.id, input="Say ok.", max_output_tokens=4, temperature=0
+    )
+    client.conversations.items.create(
+        conv.id, items=[{"type": "message", "role": "user", "content": "Added later."}]
+    )
+    nxt = client.responses.create(
+        model="gpt-5",
+        previous_response_id=first.id,
+        input="What is my cat called?",
+        max_output_tokens=4,
+        temperature=0,
+    )
+    r1, r2 = wait_recorded(stack, [first.id, nxt.id])
+    prompt = tok.decode(r2.prompt_token_ids)
+    assert prompt.count("My cat is called Miso.") == 1 and "Say ok." in prompt
+    assert "Added later." not in prompt and "What is my cat called?" in prompt
+    assert r2.prompt_token_ids[: len(r1.prompt_token_ids)] == r1.prompt_token_ids
+
+
 def test_input_items(stack):
     client = stack.client()
     resp = client.responses.create(

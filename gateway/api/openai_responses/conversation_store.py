@@ -13,7 +13,7 @@ import secrets
 from collections import Counter
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.errors import APIError
@@ -196,20 +196,27 @@ class ConversationStore:
             data = [r.item for r in rows[: params.limit]]
             return page(data, len(rows) > params.limit)
 
-    def history(self, cid: str, p: Principal) -> list[dict[str, Any]]:
-        """Every item of the conversation, oldest first (404 naming ``conversation``)."""
+    def history(self, cid: str, p: Principal, before: str | None = None) -> list[dict[str, Any]]:
+        """Every item of the conversation, oldest first (404 naming ``conversation``); with
+        ``before``, a response id, only the items that came before that response's own
+        (none when its items were never appended)."""
         with self.factory() as db:
             self._get(db, cid, p, "conversation")
-            return list(
-                db.scalars(
-                    select(ConversationItemRow.item)
-                    .where(
-                        ConversationItemRow.conversation_id == cid,
-                        ConversationItemRow.deleted_at.is_(None),
-                    )
-                    .order_by(ConversationItemRow.seq)
-                ).all()
+            q = select(ConversationItemRow.item).where(
+                ConversationItemRow.conversation_id == cid,
+                ConversationItemRow.deleted_at.is_(None),
             )
+            if before is not None:
+                first = db.scalar(
+                    select(func.min(ConversationItemRow.seq)).where(
+                        ConversationItemRow.conversation_id == cid,
+                        ConversationItemRow.response_id == before,
+                    )
+                )
+                if first is None:
+                    return []
+                q = q.where(ConversationItemRow.seq < first)
+            return list(db.scalars(q.order_by(ConversationItemRow.seq)).all())
 
     def _item(self, db: Session, cid: str, item_id: str) -> ConversationItemRow:
         row = db.scalars(

@@ -160,10 +160,13 @@ def conversation_id(raw: Any) -> str:
     return cid
 
 
-async def history(request: Request, p: Principal, cid: str) -> list[Message]:
+async def history(
+    request: Request, p: Principal, cid: str, before: str | None = None
+) -> list[Message]:
     """The conversation's items as the messages before this turn's input (404 naming
-    ``conversation`` when it is not the caller's)."""
-    items = await asyncio.to_thread(conversations_of(request).history, cid, p)
+    ``conversation`` when it is not the caller's); with ``before``, those before that
+    response's own items."""
+    items = await asyncio.to_thread(conversations_of(request).history, cid, p, before)
     return parse_input(items, "conversation")
 
 

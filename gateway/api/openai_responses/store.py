@@ -18,6 +18,7 @@ from fastapi import Request
 from sqlalchemy import select
 
 from core.errors import APIError
+from gateway.api.openai_responses import conversations
 from gateway.api.openai_responses.translator import history_turn
 from gateway.auth import Principal
 from gateway.request import Message
@@ -96,7 +97,9 @@ class ResponseStore:
         return request, output
 
     async def conversation(self, rid: str, p: Principal, http: Request) -> list[Message]:
-        """All messages up to and including the answer of response ``rid``."""
+        """All messages up to and including the answer of response ``rid``: its chain of
+        ``previous_response_id``s and, for a response made in a ``conversation``, that
+        conversation's items before it (none if the conversation is gone)."""
         turns: list[list[Message]] = []
         seen: set[str] = set()
         current: str | None = rid
@@ -104,9 +107,25 @@ class ResponseStore:
             seen.add(current)
             request, output = await self.get(current, p, http)
             turns.append(history_turn(request, output))
+            if request.get("conversation") is not None:
+                turns.append(await _conversation_before(http, p, request, current))
+                break  # conversation and previous_response_id never come together
             prev = request.get("previous_response_id")
             current = prev if isinstance(prev, str) else None
         return [m for turn in reversed(turns) for m in turn]
+
+
+async def _conversation_before(
+    http: Request, p: Principal, request: dict[str, Any], rid: str
+) -> list[Message]:
+    """The items of the conversation ``request`` named that came before response ``rid``."""
+    try:
+        cid = conversations.conversation_id(request["conversation"])
+        return await conversations.history(http, p, cid, before=rid)
+    except APIError as e:
+        if e.status == 404:  # deleted since: the response's own turn is what is left
+            return []
+        raise
 
 
 def store_of(request: Request) -> ResponseStore:
