@@ -207,3 +207,14 @@ def interaction_record(
         continuation_hash=conversation_hash([*prep.req.messages, answer]),
         attempt=prep.attempt,
     )
+
+
+def keep_streamed_ids(done: Completion, streamed: list[ToolCallOut]) -> None:
+    """The streamed calls' ids on the finished choice (both parse the same text; the
+    whole-text parse minted new ids): the ids the client was sent are the ones recorded,
+    answered in ``response.completed`` and looked up by ``previous_response_id``."""
+    if [(c.name, c.arguments) for c in streamed] == [
+        (c.name, c.arguments) for c in done.tool_calls
+    ]:
+        for sent, call in zip(streamed, done.tool_calls, strict=True):
+            call.id = sent.id

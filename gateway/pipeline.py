@@ -27,6 +27,7 @@ from gateway.generation import (
     engine_completion,
     engine_payload,
     interaction_record,
+    keep_streamed_ids,
 )
 from gateway.metrics import Metrics
 from gateway.output_limit import output_limit
@@ -34,7 +35,7 @@ from gateway.parsing import TOOL_PARSERS, StreamingParser
 from gateway.recorder import Recorder
 from gateway.redaction import RedactionPolicy
 from gateway.render_pool import RenderPool
-from gateway.request import Completion, GenerationRequest, ToolCallOut
+from gateway.request import Completion, GenerationRequest
 from gateway.serving_cache import ServingPolicy
 from gateway.sessions import SessionStore
 from gateway.templating import ChatRenderer, check_prompt_chars
@@ -43,17 +44,6 @@ from schemas.coltypes import utcnow
 __all__ = ["Pipeline", "Prepared", "StreamEvent"]
 
 log = logging.getLogger("rlgate.gateway")
-
-
-def _keep_streamed_ids(done: Completion, streamed: list[ToolCallOut]) -> None:
-    """The streamed calls' ids on the finished choice (both parse the same text; the
-    whole-text parse minted new ids): the ids the client was sent are the ones recorded,
-    answered in ``response.completed`` and looked up by ``previous_response_id``."""
-    if [(c.name, c.arguments) for c in streamed] == [
-        (c.name, c.arguments) for c in done.tool_calls
-    ]:
-        for sent, call in zip(streamed, done.tool_calls, strict=True):
-            call.id = sent.id
 
 
 class Pipeline:
@@ -269,7 +259,7 @@ class Pipeline:
                         )
             tail = parser.feed("", final=True)
             done = self._completion(prep, index, reader.output())
-            _keep_streamed_ids(done, parser.calls)
+            keep_streamed_ids(done, parser.calls)
             await queue.put(
                 StreamEvent(
                     index=index,
