@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from core import engine_adapters
 from core import engine_protocol as proto
 from core.engine_workers import allowed_workers
 from core.settings import Settings
@@ -69,18 +70,18 @@ class EngineHTTP:
         return r.json()
 
     def adapters(self) -> dict[str, str]:
-        return proto.loaded_adapters(self.get(proto.MODELS))
+        return engine_adapters.loaded_adapters(self.get(proto.MODELS))
 
     def load(self, name: str, path: str) -> tuple[bool, str]:
         r = self.client.post(self.url + proto.LOAD, json=proto.load_body(name, path))
-        return proto.load_result(r.status_code, self._json(r), name)
+        return engine_adapters.load_result(r.status_code, self._json(r), name)
 
     def unload(self, name: str) -> tuple[bool, str]:
         r = self.client.post(self.url + proto.UNLOAD, json=proto.unload_body(name))
-        return proto.unload_result(r.status_code, self._json(r), name)
+        return engine_adapters.unload_result(r.status_code, self._json(r), name)
 
     def weight_version(self) -> str | None:
-        return proto.weight_version(self.get(proto.MODEL_INFO))
+        return engine_adapters.weight_version(self.get(proto.MODEL_INFO))
 
 
 def router_workers(router_url: str, headers: dict[str, str], timeout: float = 10.0) -> list[str]:
@@ -93,7 +94,11 @@ def router_workers(router_url: str, headers: dict[str, str], timeout: float = 10
             except httpx.HTTPError as e:
                 raise RouterError(f"router {router_url}: {type(e).__name__}: {e}") from e
             try:
-                urls = proto.worker_urls(r.json()) if r.status_code == 200 and r.content else None
+                urls = (
+                    engine_adapters.worker_urls(r.json())
+                    if r.status_code == 200 and r.content
+                    else None
+                )
             except ValueError:
                 urls = None
             if urls is not None:

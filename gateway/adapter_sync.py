@@ -31,6 +31,7 @@ import logging
 import aiohttp
 from sqlalchemy.orm import Session, sessionmaker
 
+from core import engine_adapters
 from core import engine_protocol as proto
 from core.engine_workers import allowed_workers
 from core.live_adapters import live_path
@@ -81,7 +82,7 @@ class AdapterSync:
         for path in proto.WORKER_LISTINGS:
             with contextlib.suppress(*_ANY):
                 status, body = await self.engines.call("GET", router + path)
-                urls = proto.worker_urls(body) if status == 200 else None
+                urls = engine_adapters.worker_urls(body) if status == 200 else None
                 if urls is not None:
                     return allowed_workers(urls, self.router_workers, log)
         log.warning("router %s did not list its workers (GET %s)", router, proto.WORKER_LISTINGS)
@@ -94,7 +95,7 @@ class AdapterSync:
             status, body = await self.engines.call("GET", url + proto.MODELS)
         except _ANY:
             return None
-        return proto.loaded_adapters(body) if status == 200 else None
+        return engine_adapters.loaded_adapters(body) if status == 200 else None
 
     async def load(self, url: str, name: str, path: str) -> bool:
         try:
@@ -104,7 +105,7 @@ class AdapterSync:
         except _ANY as e:
             self.engines.adapter_errors[name] = f"{url}: {type(e).__name__}: {e}"
             return False
-        ok, message = proto.load_result(status, answer, name)
+        ok, message = engine_adapters.load_result(status, answer, name)
         if ok:
             log.info("loaded serving adapter %s into %s", name, url)
             self.engines.adapter_errors.pop(name, None)
@@ -120,7 +121,7 @@ class AdapterSync:
             )
         except _ANY:
             return False
-        ok, message = proto.unload_result(status, answer, name)
+        ok, message = engine_adapters.unload_result(status, answer, name)
         if ok:
             log.info("unloaded retired adapter %s from %s", name, url)
         else:
@@ -139,7 +140,7 @@ class AdapterSync:
                 have = await self.adapters(url)
                 if have is None:  # down: the client fails over; the next round retries
                     continue
-                plan = proto.sync_plan(serving, have, out)
+                plan = engine_adapters.sync_plan(serving, have, out)
                 lacking = {name for name, _ in plan.load}
                 for name, path in plan.load:
                     if await self.load(url, name, path):

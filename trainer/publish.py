@@ -33,8 +33,8 @@ import httpx
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from core import engine_adapters, serving_events
 from core import engine_protocol as proto
-from core import serving_events
 from core.db import transaction
 from core.engine_http import EngineHTTP, RouterError, control_urls
 from core.keys import audit
@@ -155,7 +155,7 @@ def sync_engines(
     for url in engine_urls:
         with _engine(url, 30, headers) as engine:
             try:
-                plan = proto.sync_plan(sources, engine.adapters(), out)
+                plan = engine_adapters.sync_plan(sources, engine.adapters(), out)
             except (httpx.HTTPError, proto.EngineRefused, ValueError):
                 continue
         for name, src in plan.load:

@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from core import engine_adapters
 from core import engine_protocol as proto
 from core.live_adapters import drop_live, live_path, make_live
 
@@ -56,25 +57,25 @@ def test_answers_and_streams() -> None:
 
 
 def test_adapter_answers() -> None:
-    assert proto.load_result(400, {"error_message": "x is already loaded"}, "x")[0]
-    assert not proto.load_result(400, {"error_message": "bad path"}, "x")[0]
+    assert engine_adapters.load_result(400, {"error_message": "x is already loaded"}, "x")[0]
+    assert not engine_adapters.load_result(400, {"error_message": "bad path"}, "x")[0]
     gone = {
         "success": False,
         "error_message": "LoRA with name x does not exist.",
         "loaded_adapters": None,
     }
-    assert proto.unload_result(400, gone, "x")[0]
-    assert not proto.unload_result(400, {"error_message": "still used"}, "x")[0]
+    assert engine_adapters.unload_result(400, gone, "x")[0]
+    assert not engine_adapters.unload_result(400, {"error_message": "still used"}, "x")[0]
     models = {
         "data": [{"id": "base", "parent": None}, {"id": "v1", "parent": "base", "root": "/l/v1"}]
     }
-    assert proto.loaded_adapters(models) == {"v1": "/l/v1"}
-    assert proto.worker_urls({"workers": [{"url": "http://a/"}]}) == ["http://a"]
-    assert proto.worker_urls({"urls": ["http://b"]}) == ["http://b"]
+    assert engine_adapters.loaded_adapters(models) == {"v1": "/l/v1"}
+    assert engine_adapters.worker_urls({"workers": [{"url": "http://a/"}]}) == ["http://a"]
+    assert engine_adapters.worker_urls({"urls": ["http://b"]}) == ["http://b"]
 
 
 def test_sync_plan_loads_serving_and_unloads_only_retired() -> None:
-    plan = proto.sync_plan(
+    plan = engine_adapters.sync_plan(
         {"v3": "/live/v3", "w1": "/live/w1"},
         {"v2": "/live/v2", "w1": "/live/w1", "mine": "/somewhere"},
         {"v1", "v2"},

@@ -23,6 +23,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from core import engine_adapters
 from core import engine_protocol as proto
 from core.engine_http import EngineHTTP
 from core.live_adapters import drop_live, make_live
@@ -57,11 +58,11 @@ def test_info_routes(target: Target) -> None:
     with _engine(target) as e:
         assert e.client.get(target.url + proto.HEALTH).status_code == 200
         info = e.get(proto.MODEL_INFO)
-        assert info["is_generation"] is True and proto.weight_version(info) == "default"
+        assert info["is_generation"] is True and engine_adapters.weight_version(info) == "default"
         # SGLang 0.5.23 has no /get_weight_version; the embedded engine neither
         assert e.client.get(target.url + "/get_weight_version").status_code == 404
         server = e.get(proto.SERVER_INFO)
-        assert proto.engine_version(server) == target.version
+        assert engine_adapters.engine_version(server) == target.version
         assert int(server["context_length"]) >= 1024
         models = e.get(proto.MODELS)
         assert models["data"][0]["parent"] is None
