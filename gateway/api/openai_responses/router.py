@@ -32,13 +32,6 @@ router = APIRouter()
 router.routes.extend(conversations.router.routes)  # one router: its paths are the API's
 
 
-def session_header(request: Request) -> str | None:
-    """The client's session id: ``X-Session-Id``, or Codex's own header (``session-id``
-    since 0.17x, ``session_id`` before)."""
-    h = request.headers
-    return h.get("x-session-id") or h.get("session-id") or h.get("session_id")
-
-
 class Responses(ApiHandler):
     ID_PREFIX = translator.ID_PREFIX
     turn: conversations.Turn | None = None  # set when the call names a ``conversation``
@@ -49,7 +42,7 @@ class Responses(ApiHandler):
         call = self.call
         parsed = translator.parse(call.body)
         history: list[Message] = []
-        hint = session_header(call.request)
+        hint = self.session_header()
         if parsed.previous_response_id:
             require_model_key(call.principal)
             history = await store_of(call.request).conversation(
@@ -62,6 +55,12 @@ class Responses(ApiHandler):
             hint = cid
             self.turn = conversations.Turn(call.request, call.principal, cid, call.body)
         return [translator.to_internal(parsed, call.body, history, hint)]
+
+    def session_header(self) -> str | None:
+        """``X-Session-Id``, or Codex's own header (``session-id`` since 0.17x,
+        ``session_id`` before)."""
+        h = self.call.request.headers
+        return super().session_header() or h.get("session-id") or h.get("session_id")
 
     def body(self, prep: Prepared, completions: list[Completion]) -> dict[str, Any]:
         return translator.response_body(prep, completions[0], self.model)
