@@ -203,6 +203,25 @@ class JudgeCallRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class RunHintRow(Base):
+    """A hint a training run's teacher saw (trainer/hints.py): the words, where they came
+    from (a rating's comment, or the user's next message), the teacher, and the mean
+    per-token advantage they gave the answer's sampled tokens."""
+
+    __tablename__ = "run_hints"
+    __table_args__ = (Index("ix_run_hints_interaction", "interaction_id"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("training_runs.id", ondelete="CASCADE"))
+    interaction_id: Mapped[str] = mapped_column(ID)
+    feedback_id: Mapped[str | None] = mapped_column(ID)
+    origin: Mapped[str] = mapped_column(String(16))  # comment | next_message
+    text: Mapped[str] = mapped_column(Text)
+    teacher: Mapped[str] = mapped_column(String(16))  # base | policy
+    adv_mean: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class VerifyLeaseRow(Base):
     """A running verify task's slot in its project's share of the verify pool
     (trainer/verify_leases.py); gone when the task ends, or stale after ``expires_at``."""

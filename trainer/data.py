@@ -45,6 +45,7 @@ class Sample:
     advantage: float = 0.0
     version: int = 0  # the policy version that sampled it (base = 0)
     session_id: str = ""  # turns of one session may be merged (trainer/merge.py); "": never
+    hinted_prompt: list[int] | None = None  # the prompt with a hint placed (trainer/hints.py)
 
     @property
     def length(self) -> int:

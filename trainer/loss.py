@@ -10,6 +10,9 @@ Three policies meet here, per sampled token:
               with dual_clip c, for A < 0: min(pg, -A * c)   (dual-clip PPO)
     w       = pi_prox / mu                        behaviour importance weight (no gradient)
     keep    = band_low <= w <= band_high          tokens outside the band are masked (IcePop)
+    A_t     = reward_weight * A  +  hint_weight * clip(log pi_teacher(a_t | s + hint)
+                                                   - log pi_prox(a_t | s), +-hint_clip)
+              (the hint term only on samples with a hint: trainer/hints.py)
     loss_t  = min(w, w_cap) * pg * keep  +  kl_coef * k3(pi_theta || pi_base)
               - entropy_coef * H_t          (H_t: entropy of pi_theta at the token's position;
                                              with entropy_floor, only while mean H < floor)
@@ -68,6 +71,17 @@ class LossConfig:
         bounds=(1.0, 100.0),
         help="dual-clip PPO: for A < 0 a token's loss is at most dual_clip x abs(A) (null: off)",
     )
+    reward_weight: float = knob(
+        1.0, bounds=(0.0, 10.0), help="weight of the scalar reward's advantage in A_t"
+    )
+    hint_weight: float = knob(
+        1.0,
+        bounds=(0.0, 10.0),
+        help="weight of a hint's per-token advantage in A_t (trainer/hints.py; 0: unused)",
+    )
+    hint_clip: float = knob(
+        2.0, bounds=(0.01, 20.0), help="bound on a token's hint advantage (a log-ratio)"
+    )
     aggregation: str = knob(
         "token-mean",
         choices=("token-mean", "seq-mean"),
@@ -93,6 +107,25 @@ def k3(logp_other: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
     """k3 estimator of KL(pi || pi_other) from sampled tokens' logprobs (>= 0)."""
     d = logp_other - logp
     return torch.exp(d) - d - 1.0
+
+
+def token_advantages(
+    advantages: torch.Tensor,  # [B] the scalar reward's advantage per sample
+    mask: torch.Tensor,  # [B, T] sampled tokens
+    cfg: LossConfig,
+    teacher_logp: torch.Tensor | None = None,  # [B, T] log pi_teacher(a_t | s + hint)
+    prox_logp: torch.Tensor | None = None,  # [B, T] log pi_prox(a_t | s)
+    hinted: torch.Tensor | None = None,  # [B] bool: the sample has a hint
+) -> torch.Tensor:
+    """A_t of the docstring above: the scalar advantage on every token, plus (on samples
+    with a hint) the clipped log-ratio of the teacher that saw the hint to the policy
+    that did not."""
+    adv = (cfg.reward_weight * advantages).unsqueeze(-1).expand(mask.shape).clone()
+    if cfg.hint_weight and teacher_logp is not None and prox_logp is not None:
+        assert hinted is not None
+        gap = (teacher_logp.detach() - prox_logp.detach()).clamp(-cfg.hint_clip, cfg.hint_clip)
+        adv = adv + cfg.hint_weight * gap * (hinted.unsqueeze(-1) & mask.bool()).float()
+    return adv
 
 
 def ppo_loss(

@@ -48,6 +48,7 @@ METRICS: tuple[Metric, ...] = (
         chart=True,
     ),
     Metric("tokens_per_s", "tokens/s", "step", chart=True),
+    Metric("hint_adv_mean", "hint advantage per token (hinted samples)", "step", summary=True),
     Metric("dual_clip_frac", "dual-clip fraction", "loss", summary=True),
     Metric("ratio_mean", "ratio pi_theta / pi_prox", "loss"),
     Metric("iw_mean", "behaviour weight pi_prox / mu", "loss"),

@@ -31,11 +31,18 @@ from core.serving_version import serving_version, serving_versions
 from core.settings import Settings, get_settings
 from schemas.atdp import PolicyStatus, RunStatus
 from schemas.coltypes import utcnow
-from schemas.tables import InteractionRow, PolicyVersionRow, ProjectRow, TrainingRunRow
+from schemas.tables import (
+    InteractionRow,
+    PolicyVersionRow,
+    ProjectRow,
+    RunHintRow,
+    TrainingRunRow,
+)
 from trainer import guards, runs
 from trainer.advantages import Baselines, compute_advantages
 from trainer.config import TrainConfig, TrainConfigError
-from trainer.data import select_samples
+from trainer.data import Sample, select_samples
+from trainer.hints import Hint, Placer, attach
 from trainer.metrics import SUMMARY_KEYS
 from trainer.serving_switch import db_factory, project_config, publish_version
 
@@ -221,8 +228,10 @@ def _train_and_commit(
     if warm is not None and not (warm / "adapter_config.json").is_file():
         log.warning("serving adapter %s is missing on disk: fresh adapter", warm)
         warm = None
+    hints = place_hints(factory, settings, model_dir, kept, cfg, data_stats)
     policy = Policy.load(model_dir, cfg, warm)
     opt = policy.make_optimizer(cfg, warm)
+    hint_gaps: dict[str, float] = {}
     steps = train(
         policy,
         opt,
@@ -231,8 +240,23 @@ def _train_and_commit(
         progress=progress,
         on_step=lambda m: runs.heartbeat(factory, run_id, {"step": m}),
         policy_version=serving.version if (serving and policy.warm_started_from) else 0,
+        hint_gaps=hint_gaps,
     )
     data_stats["run_metrics"] = run_metrics(steps, data_stats["zero_variance_share"])
+    hint_rows = [
+        RunHintRow(
+            id=new_id("hint"),
+            run_id=run_id,
+            interaction_id=h.interaction_id,
+            feedback_id=h.feedback_id,
+            origin=h.origin,
+            text=h.text,
+            teacher=cfg.hint_teacher,
+            adv_mean=hint_gaps.get(h.interaction_id),
+            created_at=utcnow(),
+        )
+        for h in hints
+    ]
 
     name = adapter_name(project_id, next_version)
     out = Path(settings.effective_adapter_dir) / project_id / name
@@ -268,6 +292,7 @@ def _train_and_commit(
         pv,
         status=RunStatus.trained_not_published,
         error=None,
+        hints=hint_rows,
     )
     return {
         "status": RunStatus.trained_not_published,
@@ -276,6 +301,30 @@ def _train_and_commit(
         "data": data_stats,
         "steps": len(steps),
     }
+
+
+def place_hints(
+    factory: sessionmaker[Session],
+    settings: Settings,
+    model_dir: Path,
+    samples: list[Sample],
+    cfg: TrainConfig,
+    data_stats: dict[str, Any],
+) -> list[Hint]:
+    """Give the samples with a rating's words their hinted prompt (trainer/hints.py);
+    counts hints placed and refused (by reason) in ``data_stats``. None with hint_weight 0."""
+    if not cfg.hint_weight:
+        return []
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(settings.tokenizer_path or str(model_dir))
+    with factory() as db:
+        hints, refused = attach(db, samples, Placer(tok))
+    data_stats["hints"] = len(hints)
+    data_stats.update({f"skipped_{k}": v for k, v in refused.items()})
+    if hints or refused:
+        log.info("hints: %d placed, refused %s", len(hints), dict(refused) or "none")
+    return hints
 
 
 def _commit(
@@ -290,8 +339,10 @@ def _commit(
     *,
     status: str,
     error: str | None,
+    hints: list[RunHintRow] | None = None,
 ) -> None:
-    """One transaction: the run is still ours -> version row, consumption, baselines."""
+    """One transaction: the run is still ours -> version row, consumption, baselines,
+    the hints its teacher saw."""
     with transaction(factory) as db:
         project = runs.lock_project(db, project_id)
         run = db.get(TrainingRunRow, run_id)
@@ -305,6 +356,7 @@ def _commit(
         if pv is not None:
             db.add(pv)
             db.flush()
+        db.add_all(hints or [])
         if interaction_ids:
             res = db.execute(
                 update(InteractionRow)

@@ -8,6 +8,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ from tqdm.auto import tqdm
 
 from trainer.config import TrainConfig
 from trainer.data import Sample
-from trainer.loss import ppo_loss
+from trainer.loss import ppo_loss, token_advantages
 from trainer.merge import units as merge_units
 from trainer.metrics import combine, finish
 from trainer.policy import MicroBatch, Policy, make_micro_batches
@@ -76,6 +77,34 @@ def forward_stats(
     }
 
 
+def hint_teacher_logprobs(
+    policy: Policy, samples: list[Sample], cfg: TrainConfig
+) -> dict[str, torch.Tensor]:
+    """log pi_teacher(a_t | s + hint) of the sampled tokens of every sample with a hint
+    (trainer/hints.py), by interaction id, before any step: the teacher is the base model
+    (``hint_teacher = "base"``, the adapter off) or the policy as it starts this run.
+    Nothing when ``hint_weight`` is 0."""
+    hinted = [s for s in samples if s.hinted_prompt is not None]
+    if not hinted or not cfg.hint_weight:
+        return {}
+    rows = [replace(s, prompt_ids=s.hinted_prompt, session_id="") for s in hinted]
+    batches = make_micro_batches(rows, cfg.micro_batch_tokens, merge=False)
+    return policy.logprobs(batches, adapter=cfg.hint_teacher == "policy")
+
+
+def _hint_gap_mean(
+    rows: list[Sample], teacher: dict[str, torch.Tensor], prox: dict[str, torch.Tensor], cfg
+) -> float:
+    """Mean clipped hint advantage over the hinted samples' tokens (0.0 without any)."""
+    gaps = [
+        (teacher[s.interaction_id] - prox[s.interaction_id].to(teacher[s.interaction_id]))
+        .clamp(-cfg.hint_clip, cfg.hint_clip)
+        .cpu()
+        for s in rows
+    ]
+    return float(torch.cat(gaps).mean()) if gaps else 0.0
+
+
 def train(
     policy: Policy,
     opt: torch.optim.Optimizer,
@@ -84,6 +113,7 @@ def train(
     on_step: Callable[[dict[str, Any]], None] | None = None,
     progress: bool = True,
     policy_version: int = 0,
+    hint_gaps: dict[str, float] | None = None,
 ) -> list[dict[str, Any]]:
     """Run up to ``epochs * num_minibatches`` optimizer steps; returns per-step metrics.
 
@@ -105,6 +135,10 @@ def train(
     Each step records ``forward_tokens``, ``forward_tokens_saved`` (against one row per
     turn) and ``merged_turns``; the first step also the no-gradient passes before it
     (``no_grad_forward_tokens``, ``no_grad_forward_tokens_saved``).
+
+    Samples with a hint (``hinted_prompt``, trainer/hints.py) get per-token advantages
+    (trainer/loss.py ``token_advantages``) from a teacher pass before the first step;
+    ``hint_gaps`` receives each one's mean clipped hint advantage (first epoch).
     """
     dev = policy.device
     rng = random.Random(cfg.seed)
@@ -123,6 +157,7 @@ def train(
         ref = policy.logprobs(ref_batches, adapter=False)
         for k, v in forward_stats(ref_batches, samples, cfg).items():
             no_grad[k] += v
+    teacher = hint_teacher_logprobs(policy, samples, cfg)
     steps: list[dict[str, Any]] = []
     total = cfg.epochs * n_mb
     bar = tqdm(total=total, desc="train", unit="step", file=sys.stderr, disable=not progress)
@@ -144,11 +179,29 @@ def train(
                     for s, lp in zip(ss, logps, strict=True):
                         prox[s.interaction_id] = lp.detach().float()
                 mask = _pad([torch.ones(len(s.completion_ids), dtype=torch.bool) for s in ss])
+                prox_mb = _pad([prox[s.interaction_id] for s in ss]).to(dev)
+                hinted = [s.interaction_id in teacher for s in ss]
+                adv = token_advantages(
+                    torch.tensor([s.advantage for s in ss], device=dev),
+                    mask.to(dev),
+                    cfg,
+                    _pad([teacher.get(s.interaction_id, prox[s.interaction_id]) for s in ss]).to(
+                        dev
+                    )
+                    if any(hinted)
+                    else None,
+                    prox_mb,
+                    torch.tensor(hinted, device=dev),
+                )
+                if epoch == 0 and hint_gaps is not None:
+                    for s in ss:
+                        if s.interaction_id in teacher:
+                            hint_gaps[s.interaction_id] = _hint_gap_mean([s], teacher, prox, cfg)
                 loss, m = ppo_loss(
                     _pad([lp.float() for lp in logps]),
-                    _pad([prox[s.interaction_id] for s in ss]).to(dev),
+                    prox_mb,
                     _pad([torch.tensor(s.behav_logprobs) for s in ss]).to(dev),
-                    torch.tensor([s.advantage for s in ss], device=dev),
+                    adv,
                     mask.to(dev),
                     cfg,  # a TrainConfig is the LossConfig
                     ref_logp=_pad([ref[s.interaction_id] for s in ss]).to(dev) if ref else None,
@@ -180,6 +233,7 @@ def train(
                 time.sleep(cfg.step_delay_s)
             opt.step()
             elapsed = time.perf_counter() - started
+            hint_rows = [s for s in batch if s.interaction_id in teacher]
             metrics: dict[str, Any] = {
                 "step": len(steps) + 1,
                 "epoch": epoch,
@@ -190,6 +244,8 @@ def train(
                 / max(num_tokens, 1.0),
                 **agg,
                 "grad_norm": grad_norm,
+                "hinted_seqs": len(hint_rows),
+                "hint_adv_mean": _hint_gap_mean(hint_rows, teacher, prox, cfg),
                 "num_seqs": int(num_seqs),
                 "num_tokens": int(num_tokens),
                 "batch_tokens": seen_tokens,

@@ -37,9 +37,12 @@ def test_step_combination_summary_and_charts_derive_from_the_table() -> None:
     assert agg["iw_max"] == pytest.approx(b["iw_max"]) and agg["iw_min"] == 1.0
     assert agg["iw_mean"] == pytest.approx((a["iw_mean"] + b["iw_mean"]) / 2)
     assert "tokens" not in agg  # the weight, not a step metric
-    summary = run_metrics([{**agg, "step": 1}, {**agg, "step": 2}], 0.0)
+    # a step metric in the summary (computed by train.py) is averaged over the steps too
+    steps = [{**agg, "step": 1, "hint_adv_mean": 0.5}, {**agg, "step": 2, "hint_adv_mean": 0.25}]
+    summary = run_metrics(steps, 0.0)
     for key in SUMMARY_KEYS:
-        assert summary[key] == pytest.approx(agg[key])
+        want = 0.375 if key == "hint_adv_mean" else agg[key]
+        assert summary[key] == pytest.approx(want)
     assert [name for name, _ in CHARTS] == [m.name for m in METRICS if m.chart]
     assert len({m.name for m in METRICS}) == len(METRICS)  # each named once
 

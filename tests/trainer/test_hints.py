@@ -1,0 +1,263 @@
+"""A rating's words as a hint (trainer/hints.py, trainer/loss.py token_advantages).
+
+- the token advantages on a constructed example, with the real packaged model as the
+  teacher: the hint "Answer in one short sentence." makes ending after the first sentence
+  likelier, so the end-of-turn token after it gets a positive advantage and a token that
+  goes on gets a negative one;
+- the combined loss equals the scalar loss when the hint weight is 0;
+- a hint that is whitespace only, too long, or that cannot be placed is refused with its
+  reason;
+- where hints come from (a comment on the answer, on its session, the user's next message
+  read as a correction), and a run records the hint its teacher saw.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from core.db import transaction
+from core.keys import new_id
+from engine.model_files import PACKAGED_MODEL, resolve_model_dir
+from schemas.coltypes import utcnow
+from schemas.tables import (
+    FeedbackRow,
+    InteractionRow,
+    RunHintRow,
+    SessionRow,
+    TrainingRunRow,
+)
+from tests.servers import MODEL_CACHE
+from tests.trainer.helpers import _tokenizer, make_project, render
+from trainer.config import TrainConfig
+from trainer.data import Sample
+from trainer.forward import make_micro_batches
+from trainer.hints import MAX_HINT_CHARS, Placer, attach, clean, find_hints
+from trainer.loss import LossConfig, ppo_loss, token_advantages
+from trainer.train import hint_teacher_logprobs
+
+HINT = "Answer in one short sentence."
+QUESTION = "What is a volcano?"
+
+
+def _sample(iid: str, prompt: list[int], completion: list[int], hinted: list[int] | None):
+    return Sample(
+        interaction_id=iid,
+        prompt_ids=prompt,
+        completion_ids=completion,
+        behav_logprobs=[0.0] * len(completion),
+        temperature=1.0,
+        reward=-1.0,
+        group_key=iid,
+        baseline_key="t",
+        hinted_prompt=hinted,
+    )
+
+
+# ---- the teacher on a constructed example (real model) -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def policy():  # type: ignore[no-untyped-def]
+    from trainer.policy import Policy
+
+    return Policy.load(resolve_model_dir(PACKAGED_MODEL, MODEL_CACHE), TrainConfig(lora_rank=4))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("teacher", ["base", "policy"])
+def test_the_hint_moves_the_tokens_it_speaks_about(policy, teacher: str) -> None:  # type: ignore[no-untyped-def]
+    tok = _tokenizer()
+    prompt = render(QUESTION)
+    hinted, reason = Placer(tok).place(prompt, HINT)
+    assert reason is None and hinted is not None
+    first = tok.encode("A volcano is a mountain that erupts lava.", add_special_tokens=False)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    more = tok.encode(" It is formed when magma rises", add_special_tokens=False)
+    short = _sample("short", prompt, [*first, end], hinted)
+    long = _sample("long", prompt, [*first, *more], hinted)
+    cfg = TrainConfig(lora_rank=4, hint_teacher=teacher)
+    with_hint = hint_teacher_logprobs(policy, [short, long], cfg)
+    without = policy.logprobs(make_micro_batches([short, long], 4096), adapter=True)
+    gap_end = float(with_hint["short"][-1] - without["short"][-1])
+    gap_more = float(with_hint["long"][len(first)] - without["long"][len(first)])
+    # ending after the first sentence: much likelier with the hint (a log-ratio > 1);
+    # going on with a second sentence: unlikelier
+    assert gap_end > 1.0, gap_end
+    assert gap_more < 0.0, gap_more
+    adv = token_advantages(
+        torch.tensor([0.0, 0.0]),
+        torch.ones(2, len(first) + len(more), dtype=torch.bool),
+        cfg,
+        torch.nn.utils.rnn.pad_sequence([with_hint["short"], with_hint["long"]], batch_first=True),
+        torch.nn.utils.rnn.pad_sequence([without["short"], without["long"]], batch_first=True),
+        torch.tensor([True, True]),
+    )
+    assert float(adv[0, len(first)]) == pytest.approx(min(gap_end, cfg.hint_clip))
+    assert float(adv[1, len(first)]) == pytest.approx(max(gap_more, -cfg.hint_clip))
+
+
+def test_hint_weight_zero_is_the_scalar_loss() -> None:
+    g = torch.Generator().manual_seed(0)
+    logp = torch.randn(3, 5, generator=g) - 2
+    prox = logp + 0.05 * torch.randn(3, 5, generator=g)
+    behav = prox + 0.05 * torch.randn(3, 5, generator=g)
+    teacher = prox + torch.randn(3, 5, generator=g)
+    mask = torch.ones(3, 5, dtype=torch.bool)
+    mask[2, 3:] = False
+    adv = torch.tensor([0.7, -0.4, 1.2])
+    scalar, _ = ppo_loss(logp, prox, behav, adv, mask, LossConfig())
+    off = LossConfig(hint_weight=0.0)
+    combined = token_advantages(adv, mask, off, teacher, prox, torch.tensor([True, False, True]))
+    loss, _ = ppo_loss(logp, prox, behav, combined, mask, off)
+    assert float(loss) == pytest.approx(float(scalar), abs=1e-7)
+    # and with weight: the hinted rows move, the unhinted one is the scalar advantage
+    on = LossConfig(hint_weight=0.5, reward_weight=2.0, hint_clip=0.3)
+    combined = token_advantages(adv, mask, on, teacher, prox, torch.tensor([True, False, True]))
+    want0 = 2.0 * adv[0] + 0.5 * (teacher[0] - prox[0]).clamp(-0.3, 0.3)
+    assert torch.allclose(combined[0], want0)
+    assert torch.allclose(combined[1], torch.full((5,), 2.0 * float(adv[1])))
+    assert torch.allclose(combined[2, 3:], torch.full((2,), 2.0 * float(adv[2])))  # padding
+    loss_on, _ = ppo_loss(logp, prox, behav, combined, mask, on)
+    assert float(loss_on) != pytest.approx(float(scalar))
+
+
+# ---- refused hints ----------------------------------------------------------------------------
+
+
+def test_empty_long_and_unplaceable_hints_are_refused_with_a_reason() -> None:
+    assert clean("  \n\t ") == (None, "hint_empty")
+    assert clean(None) == (None, "hint_empty")
+    assert clean("x" * (MAX_HINT_CHARS + 1)) == (None, "hint_too_long")
+    assert clean("  Shorter, please. ") == ("Shorter, please.", None)
+    placer = Placer(_tokenizer())
+    prompt = render(QUESTION)
+    # within the character limit, over the token limit
+    assert placer.place(prompt, "\u4e00" * (MAX_HINT_CHARS - 1)) == (None, "hint_too_long")
+    # a prompt that does not end with the template's generation suffix (a raw completion)
+    assert placer.place(prompt[:-3], HINT) == (None, "hint_unplaceable")
+    hinted, _ = placer.place(prompt, HINT)
+    assert hinted is not None
+    text = _tokenizer().decode(hinted)
+    assert text.endswith(f"{QUESTION}\n\n{HINT}<|im_end|>\n<|im_start|>assistant\n")
+
+
+# ---- where hints come from, and the run's record ----------------------------------------
+
+
+def _turn(db, pid: str, sid: str, seq: int, request: dict, prompt: list[int]) -> str:  # type: ignore[no-untyped-def]
+    iid = new_id("int")
+    db.add(
+        InteractionRow(
+            id=iid,
+            project_id=pid,
+            session_id=sid,
+            seq=seq,
+            request=request,
+            output={},
+            usage={},
+            top_p=1.0,
+            prompt_token_ids=prompt,
+            completion_token_ids=[1, 2],
+            completion_logprobs=[-0.5, -0.5],
+            policy_version="base",
+            temperature=1.0,
+            finish_reason="stop",
+            reward=-1.0,
+            created_at=utcnow(),
+        )
+    )
+    return iid
+
+
+def _rating(db, pid: str, target_type: str, target: str, **kw) -> None:  # type: ignore[no-untyped-def]
+    db.add(
+        FeedbackRow(
+            id=new_id("fb"),
+            project_id=pid,
+            target_type=target_type,
+            target_id=target,
+            value=kw.pop("value", False),
+            scale="binary",
+            reward=kw.pop("reward", -1.0),
+            created_at=utcnow(),
+            **kw,
+        )
+    )
+
+
+def test_hints_from_comments_sessions_and_next_messages(migrated_db) -> None:  # type: ignore[no-untyped-def]
+    factory = migrated_db
+    pid = make_project(factory, {})
+    prompt = render(QUESTION)
+    q = {"messages": [{"role": "user", "content": QUESTION}]}
+    with transaction(factory) as db:
+        for sid in ("s1", "s2", "s3", "s4"):
+            db.add(SessionRow(id=f"{pid}-{sid}", project_id=pid, status="open"))
+        db.flush()
+        a = _turn(db, pid, f"{pid}-s1", 1, q, prompt)
+        b = _turn(db, pid, f"{pid}-s2", 1, q, prompt)
+        c = _turn(db, pid, f"{pid}-s3", 1, q, prompt)
+        follow = {
+            "messages": [
+                {"role": "user", "content": QUESTION},
+                {"role": "assistant", "content": "A long answer."},
+                {"role": "user", "content": "No, too long. One sentence please."},
+            ]
+        }
+        _turn(db, pid, f"{pid}-s3", 2, follow, prompt)
+        d = _turn(db, pid, f"{pid}-s4", 1, q, prompt)
+        _rating(db, pid, "interaction", a, comment="Too long.", source="user")
+        _rating(db, pid, "session", f"{pid}-s2", comment=HINT, source="user")
+        _rating(db, pid, "interaction", c, source="next_turn", rater="rules:next_turn")
+        _rating(db, pid, "interaction", d, comment="   ", source="user")
+    with factory() as db:
+        rows = [db.get(InteractionRow, i) for i in (a, b, c, d)]
+        hints, skipped = find_hints(db, rows)
+    assert {k: (h.origin, h.text) for k, h in hints.items()} == {
+        a: ("comment", "Too long."),
+        b: ("comment", HINT),
+        c: ("next_message", "No, too long. One sentence please."),
+    }
+    assert skipped == Counter({"hint_empty": 1})
+    samples = [_sample(i, prompt, [1, 2], None) for i in (a, b, c, d)]
+    with factory() as db:
+        used, refused = attach(db, samples, Placer(_tokenizer()))
+    assert sorted(h.interaction_id for h in used) == sorted([a, b, c])
+    assert [s.hinted_prompt is not None for s in samples] == [True, True, True, False]
+    assert refused == Counter({"hint_empty": 1})
+
+
+@pytest.mark.slow
+def test_a_run_records_the_hint_its_teacher_saw(migrated_db, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from core.settings import get_settings
+    from trainer.runner import run_training
+
+    monkeypatch.setenv("RLGATE_MODEL_PATH", str(resolve_model_dir(PACKAGED_MODEL, MODEL_CACHE)))
+    get_settings.cache_clear()
+    factory = migrated_db
+    pid = make_project(factory, {"lora_rank": 4, "guards": False})
+    tok = _tokenizer()
+    prompt = render(QUESTION)
+    completion = tok.encode("A volcano is a mountain.", add_special_tokens=False)
+    with transaction(factory) as db:
+        db.add(SessionRow(id=f"{pid}-s", project_id=pid, status="open"))
+        db.flush()
+        iid = _turn(db, pid, f"{pid}-s", 1, {"messages": []}, prompt)
+        row = db.get(InteractionRow, iid)
+        row.completion_token_ids = completion
+        row.completion_logprobs = [-1.0] * len(completion)
+        _rating(db, pid, "interaction", iid, comment=HINT, source="user")
+    run_training(pid, settings=get_settings(), factory=factory)  # no engine: not published
+    with factory() as db:
+        run = db.query(TrainingRunRow).one()
+        hints = db.query(RunHintRow).all()
+    assert run.config["data_stats"]["hints"] == 1, run.config
+    assert run.config["data_stats"]["run_metrics"]["hint_adv_mean"] is not None
+    assert [(h.interaction_id, h.origin, h.text, h.teacher) for h in hints] == [
+        (iid, "comment", HINT, "base")
+    ]
+    assert hints[0].adv_mean is not None
