@@ -5,13 +5,18 @@ An engine takes at most ``limit`` requests from this gateway at once
 call of 16 prompts x n=8 holds 128 (as many as it sends). While a slot is free and
 nobody waits, a request takes it at once. When all are held, a request waits in its
 project's queue, and each slot that is freed goes to the waiting project that holds the
-fewest slots (ties: the one served least recently). So a project that fills the engine
-keeps only what it already holds, and while another project waits it gets no new slot
+fewest slots (ties: the one that took a slot least recently). So a project that fills
+the engine keeps only what it already holds, and while another project waits it gets no new slot
 until the other has as many: its backlog waits behind the newcomer's first request
 instead of in front of it. A request that waits longer than the queue's time limit
 (RLGATE_ENGINE_QUEUE_WAIT_S; 0: never wait) is refused (the caller answers 429).
 
-Alone, a project may use every slot: the share only applies while others wait.
+Alone, a project may use every slot: the share only applies while others wait. The
+share is of the gateway's slots: an engine queues what it takes beyond its running batch
+first come, first served, so RLGATE_MAX_IN_FLIGHT_PER_ENGINE near the engine's batch
+(SGLang's and the embedded engine's ``--max-running-requests``) keeps the waiting here,
+where it is fair. Slots are per gateway process: replicas share an engine unaware of
+each other.
 """
 
 from __future__ import annotations
@@ -25,9 +30,9 @@ class FairSlots:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.held: Counter[str] = Counter()  # project -> slots it holds
-        # project -> its waiting requests, oldest first; dict order: who is served next
-        # among projects holding as many slots
-        self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
+        self._waiting: dict[str, deque[asyncio.Future[None]]] = {}  # oldest first
+        self._ticks = 0
+        self._last: dict[str, int] = {}  # project -> when it last took a slot
 
     @property
     def in_flight(self) -> int:
@@ -45,6 +50,8 @@ class FairSlots:
         """Take a slot whether or not one is free (failover to the next engine of a
         request whose first engine could not be reached)."""
         self.held[project] += 1
+        self._ticks += 1
+        self._last[project] = self._ticks
 
     async def acquire(self, project: str, wait_s: float) -> bool:
         """A slot for ``project``: at once if ``has_room``, else after waiting in its
@@ -76,6 +83,8 @@ class FairSlots:
         self.held[project] -= 1
         if self.held[project] <= 0:
             del self.held[project]
+            if project not in self._waiting:
+                self._last.pop(project, None)
         self._hand_over()
 
     def _forget(self, project: str, fut: asyncio.Future[None]) -> None:
@@ -89,11 +98,12 @@ class FairSlots:
 
     def _hand_over(self) -> None:
         while self._waiting and self.in_flight < self.limit:
-            project = min(self._waiting, key=lambda p: self.held[p])  # first of the fewest
-            q = self._waiting.pop(project)
+            # the fewest held; among those, the one that took a slot least recently
+            project = min(self._waiting, key=lambda p: (self.held[p], self._last.get(p, 0)))
+            q = self._waiting[project]
             fut = q.popleft()
-            if q:  # its next request queues behind the other projects'
-                self._waiting[project] = q
+            if not q:
+                del self._waiting[project]
             if fut.done():
                 continue
             self.take(project)
