@@ -184,17 +184,16 @@ def _nest(depth: int, lark: bool) -> str:
     return ("start: " if lark else "") + "(" * depth + inner + ")" * depth
 
 
-@pytest.mark.parametrize("lark", [False, True], ids=["regex", "lark"])
-@pytest.mark.parametrize("bomb", range(3))
-def test_a_nesting_bomb_stops_at_the_budget(lark: bool, bomb: int) -> None:
+@pytest.mark.parametrize(
+    ("lark", "bomb"),
+    [(False, b) for b in REGEX_BOMBS] + [(True, b) for b in LARK_BOMBS],
+)
+def test_a_nesting_bomb_stops_at_the_budget(lark: bool, bomb: str) -> None:
     """Refused while it grows: the budget is charged before each string is built, so
     the conversion stops having built at most the budget (not the bomb)."""
-    bombs = LARK_BOMBS if lark else REGEX_BOMBS
-    if bomb >= len(bombs):
-        pytest.skip("no such bomb for this syntax")
     budget = EbnfBudget()
     with pytest.raises(GrammarTooLarge) as e:
-        lark_to_ebnf(bombs[bomb], budget) if lark else regex_to_ebnf(bombs[bomb], budget=budget)
+        lark_to_ebnf(bomb, budget) if lark else regex_to_ebnf(bomb, budget=budget)
     assert f"more than {MAX_EBNF_CHARS} characters" in str(e.value)
     assert budget.spent <= MAX_EBNF_CHARS  # what was built; the charge past it never was
 
