@@ -38,7 +38,6 @@ from tests.servers import MODEL_CACHE, free_port  # noqa: E402
 BODY = {"model": "stub", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16}
 
 
-
 def sequential(url: str, headers: dict[str, str], n: int) -> list[float]:
     out = []
     with httpx.Client(timeout=30) as c:
@@ -102,6 +101,7 @@ def main() -> None:
                 "RLGATE_TOKENIZER_PATH": str(model_dir),
                 "RLGATE_LOG_LEVEL": "warning",
                 "RLGATE_MAX_IN_FLIGHT_PER_ENGINE": "256",
+                "RLGATE_MAX_CONCURRENT_PER_KEY": "256",
                 "RLGATE_SPOOL_FSYNC": str(fsync).lower(),
             }
             subprocess.run(

@@ -58,7 +58,6 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-
 class Stats:
     def __init__(self) -> None:
         self.ttft: list[float] = []
@@ -178,7 +177,7 @@ def main() -> None:
         "--sessions-per-key",
         type=int,
         default=25,
-        help="sessions sharing one agent key (the per-key limits default to 128 concurrent "
+        help="sessions sharing one agent key (the per-key limits default to 32 concurrent "
         "calls and 100 requests/s; the load is many agents, not one key over its limit)",
     )
     ap.add_argument("--turns", type=int, default=8, help="turns before a session starts over")

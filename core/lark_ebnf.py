@@ -14,13 +14,17 @@ grammar over characters, as llguidance reads Lark: Lark's lexer priorities do no
 Refused with a :class:`GrammarSyntaxError` that says why: ``%ignore`` (it would let
 whitespace in anywhere), ``%declare``/``%override``/``%extend``, other imports, templates,
 the ``i`` flag, a missing ``start`` rule, a name used and never defined.
+
+The conversion is built within an :class:`~core.ebnf_budget.EbnfBudget` (characters built,
+nesting depth; a regex terminal's groups count on top of the Lark groups around it).
 """
 
 from __future__ import annotations
 
 import re
 
-from core.regex_ebnf import GrammarSyntaxError, class_char, ebnf_string, regex_to_ebnf, repeat
+from core.ebnf_budget import EbnfBudget, GrammarSyntaxError
+from core.regex_ebnf import class_char, ebnf_string, regex_to_ebnf, repeat
 
 __all__ = ["GrammarSyntaxError", "lark_to_ebnf"]
 
@@ -106,7 +110,7 @@ def _string(tok: str) -> str:
 class _Body:
     """One definition's right-hand side, tokenized and parsed to an EBNF expression."""
 
-    def __init__(self, text: str, where: str, names: set[str]) -> None:
+    def __init__(self, text: str, where: str, names: set[str], budget: EbnfBudget) -> None:
         self.toks: list[tuple[str, str]] = []
         for m in _TOKEN.finditer(text):
             kind = m.lastgroup or ""
@@ -116,6 +120,7 @@ class _Body:
         self.i = 0
         self.where = where
         self.names = names  # every name used, to check each is defined
+        self.budget = budget
 
     def peek(self) -> tuple[str, str]:
         return self.toks[self.i] if self.i < len(self.toks) else ("", "")
@@ -136,7 +141,7 @@ class _Body:
         while self.peek() == ("op", "|"):
             self.i += 1
             parts.append(self.sequence())
-        return parts[0] if len(parts) == 1 else "(" + " | ".join(parts) + ")"
+        return parts[0] if len(parts) == 1 else "(" + self.budget.join(" | ", parts) + ")"
 
     def sequence(self) -> str:
         items: list[str] = []
@@ -147,7 +152,7 @@ class _Body:
                     raise GrammarSyntaxError(f"{self.where}: '->' must be followed by a name")
                 continue
             items.append(self.quantified())
-        return " ".join(items) if items else '""'
+        return self.budget.join(" ", items) if items else '""'
 
     def quantified(self) -> str:
         atom = self.atom()
@@ -155,7 +160,7 @@ class _Body:
             kind, tok = self.peek()
             if kind == "op" and tok in "?*+":
                 self.i += 1
-                atom = repeat(atom, 1 if tok == "+" else 0, 1 if tok == "?" else None)
+                atom = repeat(atom, 1 if tok == "+" else 0, 1 if tok == "?" else None, self.budget)
             elif (kind, tok) == ("op", "~"):
                 self.i += 1
                 lo = self._num()
@@ -163,7 +168,7 @@ class _Body:
                 if self.peek() == ("op", ".."):
                     self.i += 1
                     hi = self._num()
-                atom = repeat(atom, lo, hi)
+                atom = repeat(atom, lo, hi, self.budget)
             else:
                 return atom
 
@@ -176,10 +181,13 @@ class _Body:
     def atom(self) -> str:
         kind, tok = self.take()
         if kind == "op" and tok in "([":
+            self.budget.enter()
             inner = self.alternatives()
             close = ")" if tok == "(" else "]"
             if self.take() != ("op", close):
                 raise GrammarSyntaxError(f"{self.where}: a '{tok}' is not closed")
+            self.budget.leave()
+            self.budget.spend(len(inner) + 3)
             return f"({inner})" if tok == "(" else f"({inner})?"
         if kind == "str":
             value = _string(tok)
@@ -198,9 +206,11 @@ class _Body:
                     f"{self.where}: regex flags {flags!r} are not supported (only 's')"
                 )
             try:
-                return "(" + regex_to_ebnf(pattern, dotall="s" in flags, whole=False) + ")"
+                inner = regex_to_ebnf(pattern, dotall="s" in flags, whole=False, budget=self.budget)
+                self.budget.spend(len(inner) + 2)
+                return "(" + inner + ")"
             except GrammarSyntaxError as e:
-                raise GrammarSyntaxError(f"{self.where}: /{pattern}/: {e}") from None
+                raise type(e)(f"{self.where}: /{pattern}/: {e}") from None
         if kind == "name":
             if self.peek() == ("op", "{"):
                 raise GrammarSyntaxError(f"{self.where}: templates are not supported")
@@ -243,8 +253,10 @@ def _imports(stmt: str) -> dict[str, str]:
     return out
 
 
-def lark_to_ebnf(text: str) -> str:
-    """The EBNF grammar (``root ::= ...``) of the Lark grammar ``text``."""
+def lark_to_ebnf(text: str, budget: EbnfBudget | None = None) -> str:
+    """The EBNF grammar (``root ::= ...``) of the Lark grammar ``text``, built within
+    ``budget`` (a fresh one: the default limits)."""
+    budget = budget or EbnfBudget()
     sources: dict[str, str] = {}
     defined: set[str] = set()
     for stmt in _statements(text):
@@ -279,8 +291,8 @@ def lark_to_ebnf(text: str) -> str:
             hint = " (add %import common." + name + ")" if name in COMMON else ""
             raise GrammarSyntaxError(missing + hint)
         names: set[str] = set()
-        rules[name] = _Body(sources[name], f"'{name}'", names).parse()
+        rules[name] = _Body(sources[name], f"'{name}'", names, budget).parse()
         pending += sorted(names - set(rules))
     lines = ["root ::= r_start"]
     lines += [f"{_rule_name(n)} ::= {body}" for n, body in rules.items()]
-    return "\n".join(lines) + "\n"
+    return budget.join("\n", lines) + "\n"

@@ -8,15 +8,19 @@ quantifiers ``? * + {n} {n,} {n,m}`` (a lazy ``?`` suffix is accepted: it does n
 which strings match). A leading ``^`` and a trailing ``$`` are accepted (the whole input is
 matched anyway). Anything else (anchors inside, backreferences, lookaround, word
 boundaries, inline flags) is a :class:`GrammarSyntaxError` that names it.
+
+What a conversion may build, and how deep it may nest, is its
+:class:`~core.ebnf_budget.EbnfBudget`'s to say: past it, ``GrammarTooLarge`` or
+``GrammarTooDeep`` (both GrammarSyntaxErrors), raised before the string is built.
 """
 
 from __future__ import annotations
 
+from core.ebnf_budget import EbnfBudget, GrammarSyntaxError
+
+__all__ = ["GrammarSyntaxError", "regex_to_ebnf", "repeat"]
+
 MAX_REPEAT = 100  # {n,m} is expanded; a larger bound is refused
-
-
-class GrammarSyntaxError(ValueError):
-    """A grammar or regex this converter cannot read; the message says what and where."""
 
 
 _CLASS_ESC = {
@@ -64,18 +68,20 @@ def class_char(ch: str) -> str:
     return ch
 
 
-def repeat(atom: str, lo: int, hi: int | None) -> str:
-    """``atom`` repeated ``lo`` to ``hi`` (None: unbounded) times, expanded."""
+def repeat(atom: str, lo: int, hi: int | None, budget: EbnfBudget) -> str:
+    """``atom`` repeated ``lo`` to ``hi`` (None: unbounded) times, expanded (its size
+    charged to ``budget`` first; with ``budget.expand`` off, not expanded: the result
+    then only stands for the repeat)."""
     if lo > MAX_REPEAT or (hi is not None and hi > MAX_REPEAT):
         raise GrammarSyntaxError(f"a repetition bound over {MAX_REPEAT} is not supported")
     if hi is not None and hi < lo:
         raise GrammarSyntaxError(f"a repetition {{{lo},{hi}}} has its bounds reversed")
-    if (lo, hi) == (0, None):
-        return f"({atom})*"
-    if (lo, hi) == (1, None):
-        return f"({atom})+"
-    if (lo, hi) == (0, 1):
-        return f"({atom})?"
+    short = {(0, None): "*", (1, None): "+", (0, 1): "?"}.get((lo, hi))
+    if short is not None or not budget.expand:
+        budget.spend(len(atom) + 3)
+        return f"({atom}){short or '*'}"
+    copies = lo + (1 if hi is None else hi - lo)
+    budget.spend(copies * (len(atom) + 4) + 2)
     parts = [atom] * lo
     if hi is None:
         parts.append(f"({atom})*")
@@ -85,10 +91,11 @@ def repeat(atom: str, lo: int, hi: int | None) -> str:
 
 
 class _Regex:
-    def __init__(self, src: str, dotall: bool) -> None:
+    def __init__(self, src: str, dotall: bool, budget: EbnfBudget) -> None:
         self.s = src
         self.i = 0
         self.dotall = dotall
+        self.budget = budget
 
     def fail(self, what: str) -> GrammarSyntaxError:
         return GrammarSyntaxError(f"{what} at position {self.i} of the regex is not supported")
@@ -101,13 +108,13 @@ class _Regex:
         while self.peek() == "|":
             self.i += 1
             parts.append(self.concat())
-        return parts[0] if len(parts) == 1 else "(" + " | ".join(parts) + ")"
+        return parts[0] if len(parts) == 1 else "(" + self.budget.join(" | ", parts) + ")"
 
     def concat(self) -> str:
         items: list[str] = []
         while self.peek() not in ("", "|", ")"):
             items.append(self.quantified())
-        return " ".join(items) if items else '""'
+        return self.budget.join(" ", items) if items else '""'
 
     def _int(self) -> int | None:
         start = self.i
@@ -121,7 +128,7 @@ class _Regex:
             ch = self.peek()
             if ch in ("*", "+", "?"):
                 self.i += 1
-                atom = repeat(atom, 0 if ch != "+" else 1, 1 if ch == "?" else None)
+                atom = repeat(atom, 0 if ch != "+" else 1, 1 if ch == "?" else None, self.budget)
             elif ch == "{" and self.i + 1 < len(self.s) and self.s[self.i + 1].isdigit():
                 self.i += 1
                 lo = self._int() or 0
@@ -132,7 +139,7 @@ class _Regex:
                 if self.peek() != "}":
                     raise self.fail("an unclosed {m,n}")
                 self.i += 1
-                atom = repeat(atom, lo, hi)
+                atom = repeat(atom, lo, hi, self.budget)
             else:
                 return atom
             if self.peek() == "?":  # lazy: the same strings match
@@ -144,6 +151,7 @@ class _Regex:
         ch = self.peek()
         self.i += 1
         if ch == "(":
+            self.budget.enter()
             if self.s.startswith("?:", self.i):
                 self.i += 2
             elif self.s.startswith("?P<", self.i) or (
@@ -159,6 +167,8 @@ class _Regex:
             if self.peek() != ")":
                 raise self.fail("an unclosed group")
             self.i += 1
+            self.budget.leave()
+            self.budget.spend(len(inner) + 2)
             return f"({inner})"
         if ch == "[":
             return self.char_class()
@@ -225,15 +235,22 @@ class _Regex:
         return "[" + ("^" if negate else "") + "".join(items) + "]"
 
 
-def regex_to_ebnf(pattern: str, *, dotall: bool = False, whole: bool = True) -> str:
-    """The EBNF expression of ``pattern``. With ``whole`` (a pattern that is the whole
-    input), a leading ``^`` and trailing ``$`` are dropped."""
+def regex_to_ebnf(
+    pattern: str,
+    *,
+    dotall: bool = False,
+    whole: bool = True,
+    budget: EbnfBudget | None = None,
+) -> str:
+    """The EBNF expression of ``pattern``, built within ``budget`` (a fresh one: the
+    default limits). With ``whole`` (a pattern that is the whole input), a leading ``^``
+    and trailing ``$`` are dropped."""
     if whole:
         if pattern.startswith("^"):
             pattern = pattern[1:]
         if pattern.endswith("$") and not pattern.endswith("\\$"):
             pattern = pattern[:-1]
-    r = _Regex(pattern, dotall)
+    r = _Regex(pattern, dotall, budget or EbnfBudget())
     out = r.alt()
     if r.i != len(pattern):
         raise r.fail(f"an unmatched {r.peek()!r}")

@@ -120,7 +120,17 @@ class Settings(BaseSettings):
         1800.0, gt=0, description="Idle time that ends a session."
     )
     max_in_flight_per_engine: int = Field(
-        64, ge=1, description="In-flight bound per engine (429 past it)."
+        64,
+        ge=1,
+        description="In-flight bound per engine, shared fairly between projects: past it a "
+        "request waits for a slot (RLGATE_ENGINE_QUEUE_WAIT_S), then 429. Set it near the "
+        "engine's running batch so requests queue here, fairly, not in the engine's queue.",
+    )
+    engine_queue_wait_s: float = Field(
+        30.0,
+        ge=0,
+        description="How long a request waits for an engine slot when every engine is full "
+        "(freed slots go to the waiting project holding the fewest); past it, 429. 0: no wait.",
     )
     engine_timeout_s: float = Field(600.0, gt=0, description="Timeout of one engine request.")
     tool_parser: str = Field("hermes", description="Tool-call format: hermes or llama3_json.")
@@ -222,7 +232,10 @@ class Settings(BaseSettings):
     )
     feedback_burst: float = Field(200.0, ge=1, description="Feedback posts a key may send at once.")
     max_concurrent_per_key: int = Field(
-        128, ge=1, description="Model calls (streams included) one key may have running."
+        32,
+        ge=1,
+        description="Model calls (streams included) one key may have running; below the "
+        "engine's in-flight bound, so one key never fills an engine alone.",
     )
     login_rate_per_min: float = Field(
         10.0, gt=0, description="Failed dashboard logins per minute per client IP (429 past it)."

@@ -232,7 +232,7 @@ def create_app(engine: Engine) -> FastAPI:
             names = {item.lora_name for item in items if item.lora_name}
             if names - set(engine.registry.names()):
                 await asyncio.to_thread(engine.reload_unloaded, names, UNLOAD_WAIT_S)
-            reqs = engine.build_requests(items, body.stream, body.return_text_in_logprobs)
+            reqs = await _build_off_loop(engine, items, body)
         except ValidationError as exc:
             return _error(_validation_message(exc))
         except (ProtocolError, AdapterError) as exc:
@@ -282,6 +282,27 @@ def create_app(engine: Engine) -> FastAPI:
         return JSONResponse(results if many else results[0])
 
     return app
+
+
+async def _build_off_loop(engine: Engine, items: list[Any], body: Any) -> list[Any]:
+    """``engine.build_requests`` on a thread: tokenizing text prompts and compiling
+    grammars grows with the request (a constraint is built for every choice, tens of ms
+    each for a large forced grammar; llguidance releases the GIL), and on the event loop it
+    would hold up every other request's stream. If the request is cancelled meanwhile,
+    the adapters the build acquired are released when it returns."""
+    job = asyncio.ensure_future(
+        asyncio.to_thread(engine.build_requests, items, body.stream, body.return_text_in_logprobs)
+    )
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+
+        def drop(done: asyncio.Future[list[Any]]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                engine.release(done.result())
+
+        job.add_done_callback(drop)
+        raise
 
 
 async def _error_stream(message: str) -> AsyncIterator[bytes]:

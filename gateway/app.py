@@ -85,6 +85,7 @@ def build_gateway(settings: Settings) -> Gateway:
         settings.engine_timeout_s,
         api_key=settings.engine_api_key_value,
         router=settings.engine_router_url or None,
+        queue_wait_s=settings.engine_queue_wait_s,
     )
     adapter_sync = AdapterSync(
         engines, factory, settings.engine_sync_s, settings.engine_router_worker_list

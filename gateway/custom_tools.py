@@ -27,7 +27,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from core.lark_ebnf import GrammarSyntaxError, lark_to_ebnf
+from core.ebnf_budget import EbnfBudget, GrammarSyntaxError
+from core.lark_ebnf import lark_to_ebnf
 from core.regex_ebnf import regex_to_ebnf
 from gateway.errors import bad_request
 from gateway.request import CustomFormat, Tool
@@ -37,6 +38,7 @@ SYNTAXES = ("lark", "regex")
 
 
 def _format(fmt: Any, where: str) -> CustomFormat:
+    """The format's shape checked; its grammar is read later (``check_formats``)."""
     if fmt is None:
         return CustomFormat()
     if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "grammar"):
@@ -57,21 +59,40 @@ def _format(fmt: Any, where: str) -> CustomFormat:
         raise bad_request(f"{at} must be a non-empty {syntax} grammar", at)
     if len(definition) > MAX_DEFINITION_CHARS:
         raise bad_request(f"{at} is longer than {MAX_DEFINITION_CHARS} characters", at)
+    return CustomFormat(syntax=syntax, definition=definition, at=at)
+
+
+def grammar_ebnf(fmt: CustomFormat, budget: EbnfBudget) -> str:
+    """The EBNF of a grammar format, built within ``budget`` (with ``budget.expand`` off:
+    only read and checked). A 400 naming ``fmt.at`` for a definition that cannot be used."""
+    at = fmt.at
     try:
-        if syntax == "lark":
-            ebnf = lark_to_ebnf(definition)
-        else:
-            re.compile(definition)  # a regex Python cannot read is no regex at all
-            ebnf = "root ::= " + regex_to_ebnf(definition) + "\n"
+        if fmt.syntax == "lark":
+            return lark_to_ebnf(fmt.definition, budget)
+        ebnf = "root ::= " + regex_to_ebnf(fmt.definition, budget=budget) + "\n"
+        # a regex Python cannot read is no regex at all (read after the converter, which
+        # bounds its nesting: Python's parser recurses once per group)
+        re.compile(fmt.definition)
+        return ebnf
     except re.error as e:
         raise bad_request(f"{at} is not a valid regex: {e}", at) from None
     except GrammarSyntaxError as e:
         raise bad_request(
-            f"{at} cannot be used: {e}. rlgate converts {syntax} grammars to EBNF for its "
+            f"{at} cannot be used: {e}. rlgate converts {fmt.syntax} grammars to EBNF for its "
             "engines and supports a subset (docs/gateway.md, 'Custom tools')",
             at,
         ) from None
-    return CustomFormat(syntax=syntax, definition=definition, ebnf=ebnf)
+
+
+def check_formats(tools: list[Tool]) -> None:
+    """Every custom tool's grammar read and checked, not converted (a 400 naming the
+    first that cannot be used). Linear in the definitions' length; run off the event
+    loop (the pipeline's render pool)."""
+    budget = EbnfBudget(expand=False)
+    for t in tools:
+        if t.custom is not None and t.custom.syntax != "text":
+            budget.depth = 0
+            grammar_ebnf(t.custom, budget)
 
 
 def custom_tool(raw: dict[str, Any], where: str, check_name: Any) -> Tool:
@@ -85,12 +106,14 @@ def custom_tool(raw: dict[str, Any], where: str, check_name: Any) -> Tool:
     return Tool(name, description or "", {}, custom=fmt)
 
 
-def call_content(tool: Tool) -> dict[str, Any]:
-    """The content of a forced call of custom ``tool`` in SGLang's ``structural_tag``."""
+def call_content(tool: Tool, budget: EbnfBudget) -> dict[str, Any]:
+    """The content of a forced call of custom ``tool`` in SGLang's ``structural_tag``: its
+    grammar converted within ``budget`` (one budget for a request's forced tools)."""
     assert tool.custom is not None
-    if tool.custom.ebnf is None:
+    if tool.custom.syntax == "text":
         return {"type": "any_text"}
-    return {"type": "grammar", "grammar": tool.custom.ebnf}
+    budget.depth = 0
+    return {"type": "grammar", "grammar": grammar_ebnf(tool.custom, budget)}
 
 
 def custom_names(tools: list[Tool]) -> frozenset[str]:

@@ -6,10 +6,12 @@ engine's prefix cache) with failover to the next engine when one cannot be reach
 when it lacks the request's adapter (it restarted: it is skipped until
 gateway/adapter_sync.py has loaded it). Behind an sglang-router, every call goes to the
 router, which routes cache-aware itself.
-Each engine has a bound on in-flight requests; when every engine is full the caller gets
-429 with ``Retry-After``. With an engine key (RLGATE_ENGINE_API_KEY, the engines'
-``--api-key``) every request carries ``Authorization: Bearer <key>``; an engine that
-still answers 401/403 is a configuration error and the client gets 503 saying so.
+Each engine has a bound on in-flight requests, shared fairly between projects
+(gateway/engine_share.py): when every engine is full a request waits for a slot, in its
+project's queue, at most ``queue_wait_s``; then the caller gets 429 with ``Retry-After``.
+With an engine key (RLGATE_ENGINE_API_KEY, the engines' ``--api-key``) every request
+carries ``Authorization: Bearer <key>``; an engine that still answers 401/403 is a
+configuration error and the client gets 503 saying so.
 
 aiohttp rather than httpx: per non-streaming call against bench/stub_upstream.py, httpx's
 async client took 0.45-0.7 ms of client CPU, aiohttp 0.11 ms.
@@ -32,6 +34,7 @@ from yarl import URL
 
 from core import engine_protocol as proto
 from core.errors import APIError
+from gateway.engine_share import FairSlots
 
 # An engine that cannot be reached (refused, reset before answering, closed a kept-alive
 # connection, or cut the answer short): the next engine is tried. ClientOSError (the
@@ -99,11 +102,14 @@ async def _first_event(resp: aiohttp.ClientResponse) -> Any:
 @dataclass
 class EngineSlot:
     url: str
-    limit: int
-    in_flight: int = 0
+    share: FairSlots  # its in-flight slots, shared between projects
     # adapters this engine is known to lack (it restarted, or joined): requests for them go
     # to the next engine on the ring until gateway/adapter_sync.py has loaded them
     missing: set[str] = field(default_factory=set)
+
+    @property
+    def in_flight(self) -> int:
+        return self.share.in_flight
 
 
 class AdapterNotLoaded(APIError):
@@ -155,6 +161,7 @@ class EngineClient:
         timeout_s: float = 600.0,
         api_key: str | None = None,
         router: str | None = None,
+        queue_wait_s: float = 0.0,
     ) -> None:
         self.router = router.rstrip("/") if router else None
         urls = [self.router] if self.router else urls
@@ -162,7 +169,8 @@ class EngineClient:
             raise ValueError("no engine URLs configured (RLGATE_ENGINE_URLS)")
         auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._headers = {**_JSON, **auth}
-        self.slots = [EngineSlot(u.rstrip("/"), max_in_flight) for u in urls]
+        self.slots = [EngineSlot(u.rstrip("/"), FairSlots(max_in_flight)) for u in urls]
+        self.queue_wait_s = queue_wait_s
         self.adapter_check: AdapterCheck | None = None
         self.adapter_errors: dict[str, str] = {}  # adapter -> its last load error
         self._limit = max_in_flight * len(urls) + 16
@@ -210,25 +218,31 @@ class EngineClient:
         return sorted(self.slots, key=score, reverse=True)
 
     @asynccontextmanager
-    async def _slot(self, slot: EngineSlot) -> AsyncIterator[None]:
-        slot.in_flight += 1
+    async def _slot(self, slot: EngineSlot, project: str, first: bool) -> AsyncIterator[None]:
+        """A slot of ``slot``'s engine held for ``project``: the first engine's waited
+        for (fairly, gateway/engine_share.py; 429 past ``queue_wait_s``), a failover
+        engine's taken at once (it had room when the candidates were listed)."""
+        if not first:
+            slot.share.take(project)
+        elif not await slot.share.acquire(project, self.queue_wait_s):
+            waited = f" (waited {self.queue_wait_s:g} s for one)" if self.queue_wait_s else ""
+            raise APIError(
+                429,
+                f"all engines are at their in-flight limit{waited}; retry shortly",
+                headers={"Retry-After": "1"},
+            )
         try:
             yield
         finally:
-            slot.in_flight -= 1
+            slot.share.release(project)
 
     def _candidates(self, affinity: str, adapter: str | None) -> list[EngineSlot]:
-        """The engines to try in order: the session's ring order, without those at their
-        in-flight limit or known to lack the adapter. Behind a router, the router twice
-        for a request naming an adapter: once more after a worker that lacked it has
-        loaded it."""
-        ordered = [s for s in self._order(affinity) if s.in_flight < s.limit]
-        if not ordered:
-            raise APIError(
-                429,
-                "all engines are at their in-flight limit; retry shortly",
-                headers={"Retry-After": "1"},
-            )
+        """The engines to try in order: the session's ring order, those with room first
+        (when none has room, the first is waited for), without those known to lack the
+        adapter. Behind a router, the router twice for a request naming an adapter: once
+        more after a worker that lacked it has loaded it."""
+        ring = self._order(affinity)
+        ordered = [s for s in ring if s.share.has_room()] or ring
         if adapter and self.router:
             return ordered * 2
         ready = [s for s in ordered if adapter not in s.missing]
@@ -244,20 +258,21 @@ class EngineClient:
 
     @asynccontextmanager
     async def _exchange(
-        self, payload: dict[str, Any], affinity: str
+        self, payload: dict[str, Any], affinity: str, project: str
     ) -> AsyncIterator[tuple[EngineSlot, Any, aiohttp.ClientResponse]]:
         """The failover loop of every ``/generate``, streamed or not: tries the candidates
         in order until one answers 200 (for a stream: with a first event that is not an
         error, since SGLang reports some refusals inside a 200 stream). Yields (engine,
         the answer's JSON or the stream's first event, the response); an engine that
         cannot be reached, or refuses because it lacks the adapter, passes the request
-        to the next one. The engine's in-flight count is held while the caller reads."""
+        to the next one. The engine's slot is held, for ``project``, while the caller
+        reads."""
         body = proto.encode(payload)
         adapter = payload.get("lora_path")
         stream = bool(payload.get("stream"))
         last: Exception | None = None
-        for slot in self._candidates(affinity, adapter):
-            async with self._slot(slot):
+        for i, slot in enumerate(self._candidates(affinity, adapter)):
+            async with self._slot(slot, project, first=i == 0):
                 try:
                     resp = await self.http.post(
                         slot.url + proto.GENERATE,
@@ -297,22 +312,27 @@ class EngineClient:
                     resp.release()  # back to the pool (closed if not read to its end)
         raise _exhausted(last)
 
-    async def generate(self, payload: dict[str, Any], affinity: str) -> tuple[Any, str]:
-        """Non-streaming generate; returns (response JSON, engine url)."""
-        async with self._exchange({**payload, "stream": False}, affinity) as (slot, answer, _):
+    async def generate(
+        self, payload: dict[str, Any], affinity: str, project: str = ""
+    ) -> tuple[Any, str]:
+        """Non-streaming generate for ``project`` (whose share of the engine's slots it
+        uses); returns (response JSON, engine url)."""
+        request = self._exchange({**payload, "stream": False}, affinity, project)
+        async with request as (slot, answer, _):
             return answer, slot.url
 
     @asynccontextmanager
     async def stream(
-        self, payload: dict[str, Any], affinity: str
+        self, payload: dict[str, Any], affinity: str, project: str = ""
     ) -> AsyncIterator[tuple[AsyncIterator[dict[str, Any]], str]]:
-        """Streaming generate: yields (iterator of engine chunks, engine url).
+        """Streaming generate for ``project``: yields (iterator of engine chunks, engine
+        url).
 
         Leaving the context early (client gone) closes the connection, and the engine
         aborts the request; an explicit /abort_request is sent as well.
         """
         payload = {**payload, "stream": True}
-        async with self._exchange(payload, affinity) as (slot, first, resp):
+        async with self._exchange(payload, affinity, project) as (slot, first, resp):
             finished = first is proto.DONE
 
             async def chunks() -> AsyncIterator[dict[str, Any]]:

@@ -18,7 +18,9 @@ as for structured output.
 
 A custom tool (Responses, gateway/custom_tools.py) is forced the same way, in its own
 envelope, its input matching its grammar (or any text for a text format). A tool-call
-format without a custom envelope (``llama3_json``) cannot force one: a 400.
+format without a custom envelope (``llama3_json``) cannot force one: a 400. The forced
+custom tools' grammars are converted to EBNF here, within one budget for the request
+(core/ebnf_budget.py); ``tool_grammar`` is what the pipeline runs, on its render pool.
 
 A forced call wins over structured output (``response_format``, ``text.format``,
 ``output_config.format``): those shape a text answer, and a forced turn has none.
@@ -29,7 +31,8 @@ from __future__ import annotations
 from typing import Any
 
 from core import engine_protocol as proto
-from gateway.custom_tools import call_content
+from core.ebnf_budget import EbnfBudget
+from gateway.custom_tools import call_content, check_formats
 from gateway.errors import bad_request
 from gateway.parsing import TOOL_PARSERS
 from gateway.request import GenerationRequest, Tool
@@ -51,6 +54,7 @@ def _arguments_schema(tool: Tool) -> dict[str, Any]:
 def call_grammar(tools: list[Tool], parser: str, *, parallel: bool) -> str:
     """The ``structural_tag`` that admits only calls of ``tools`` in ``parser``'s format."""
     fmt = TOOL_PARSERS[parser]
+    budget = EbnfBudget()  # the request's forced custom grammars, together
     tags = []
     for t in tools:
         if t.custom is None:
@@ -64,7 +68,7 @@ def call_grammar(tools: list[Tool], parser: str, *, parallel: bool) -> str:
                 "tool_choice",
             )
         begin, end = fmt.custom_frame(t.name)
-        tags.append(proto.Tag(begin, {}, end, content=call_content(t)))
+        tags.append(proto.Tag(begin, {}, end, content=call_content(t, budget)))
     return proto.structural_tag(
         tags, fmt.separator, at_least_one=True, stop_after_first=not parallel
     )
@@ -84,3 +88,11 @@ def forced_grammar(req: GenerationRequest, parser: str | None) -> str | None:
         )
     parallel = req.parallel_tool_calls and len(req.tools) > 1
     return call_grammar(req.tools, parser, parallel=parallel)
+
+
+def tool_grammar(req: GenerationRequest, parser: str | None) -> str | None:
+    """The request's custom tools' grammars checked (offered ones read, not converted),
+    then ``forced_grammar``: the work a request's tools drive, bounded by the grammars'
+    budgets; the pipeline runs it off the event loop."""
+    check_formats(req.tools)
+    return forced_grammar(req, parser)

@@ -19,7 +19,7 @@ from gateway.adapter_leases import Leases
 from gateway.auth import Principal, require_model_key
 from gateway.custom_tools import custom_names
 from gateway.engine_client import AdapterNotLoaded, EngineClient
-from gateway.forced_tools import forced_grammar
+from gateway.forced_tools import tool_grammar
 from gateway.generation import (
     Prepared,
     StreamEvent,
@@ -121,7 +121,11 @@ class Pipeline:
         output limit (``output_limit``; ``fit_max_tokens``: the client's limit is an upper
         bound), its session and the serving adapter."""
         require_model_key(p)
-        forced = forced_grammar(req, self.tool_parser)
+        forced = None
+        if req.tools:  # grammars a request's tools drive: checked, converted off the loop
+            forced = await self.render_pool.run(
+                tool_grammar, req, self.tool_parser, what="reading the tools' grammars"
+            )
         self.recorder.admit()  # 503 while the recording backlog is over its cap
         ids = await self.prompt_ids(req)
         limit = output_limit(
@@ -197,10 +201,10 @@ class Pipeline:
         if prep.adapter:
             await self.leases.acquire(prep.adapter)
         try:
-            affinity = prep.session.session_id
+            affinity, project = prep.session.session_id, prep.principal.project_id
             results = await asyncio.gather(
                 *[
-                    self.engines.generate(engine_payload(prep, i, False), affinity)
+                    self.engines.generate(engine_payload(prep, i, False), affinity, project)
                     for i in range(prep.req.sampling.n)
                 ]
             )
@@ -231,7 +235,9 @@ class Pipeline:
             partial[index] = reader
             prompt_pending = prep.req.prompt_logprobs
             async with self.engines.stream(
-                engine_payload(prep, index, True), prep.session.session_id
+                engine_payload(prep, index, True),
+                prep.session.session_id,
+                prep.principal.project_id,
             ) as (chunks, url):
                 prep.engine_url = url
                 async for chunk in chunks:

@@ -1,4 +1,5 @@
-"""Where chat-template rendering and tokenization run: a bounded thread pool, under a
+"""Where chat-template rendering and tokenization run, and the tools' grammars are read
+and converted (gateway/forced_tools.py ``tool_grammar``): a bounded thread pool, under a
 time limit, so the event loop only routes requests.
 
 Rendering (Jinja) and tokenizing are CPU work that grows with the prompt; on the event
@@ -30,10 +31,15 @@ class RenderPool:
         self.timeout_s = timeout_s
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rlgate-render")
 
-    async def run(self, fn: Callable[..., T], *args: object) -> T:
+    async def run(
+        self,
+        fn: Callable[..., T],
+        *args: object,
+        what: str = "rendering and tokenizing the prompt",
+    ) -> T:
         """``fn(*args)`` on a pool thread; a 503 (Retry-After: 1) if it takes longer than
-        ``timeout_s``. Errors ``fn`` raises (a 400 for a template that cannot render the
-        messages) pass through unchanged."""
+        ``timeout_s`` (the message says it was ``what``). Errors ``fn`` raises (a 400 for a
+        template that cannot render the messages) pass through unchanged."""
         loop = asyncio.get_running_loop()
         job = loop.run_in_executor(self._pool, fn, *args)
         try:
@@ -41,9 +47,9 @@ class RenderPool:
         except TimeoutError:
             raise APIError(
                 503,
-                f"rendering and tokenizing the prompt took longer than {self.timeout_s:g} s "
-                f"(at most {self.workers} prompts are rendered at once, so the gateway may be "
-                "busy with long prompts); retry shortly, or shorten the messages",
+                f"{what} took longer than {self.timeout_s:g} s (at most {self.workers} such "
+                "jobs run at once, so the gateway may be busy with long prompts); retry "
+                "shortly, or shorten the request",
                 headers={"Retry-After": "1"},
             ) from None
 

@@ -29,12 +29,12 @@ class Message:
 @dataclass(frozen=True)
 class CustomFormat:
     """A custom tool's input format (Responses ``format``): ``syntax`` text | lark | regex,
-    the ``definition`` as sent, and ``ebnf``, the grammar both engines get (None for text;
-    core/lark_ebnf.py)."""
+    the ``definition`` as sent, and ``at``, the request field that holds it (errors name
+    it). Its EBNF is built only to force a call (gateway/custom_tools.py)."""
 
     syntax: str = "text"
     definition: str = ""
-    ebnf: str | None = None
+    at: str = ""
 
 
 @dataclass

@@ -39,7 +39,7 @@ def tool_spec(t: Tool) -> dict[str, Any]:
     (gateway/custom_tools.py)."""
     if t.custom is not None:
         fmt: dict[str, Any] = {"type": "text"}
-        if t.custom.ebnf is not None:
+        if t.custom.syntax != "text":
             fmt = {"type": "grammar", "syntax": t.custom.syntax, "definition": t.custom.definition}
         return {"type": "custom", "name": t.name, "description": t.description, "format": fmt}
     return {
@@ -154,7 +154,7 @@ def _native_spec(t: Tool) -> dict[str, Any]:
         return tool_spec(t)
     begin, end = HermesToolParser.custom_frame(t.name)
     how = f"Custom tool: free-form input, not JSON; call it as {begin}<input>{end}"
-    if t.custom.ebnf is not None:
+    if t.custom.syntax != "text":
         how += f" with input in this {t.custom.syntax} grammar:\n{t.custom.definition}"
     desc = f"{t.description}\n{how}" if t.description else how
     return {"type": "function", "function": {"name": t.name, "description": desc, "parameters": {}}}

@@ -224,7 +224,12 @@ def run_demo(
         port,
         engine_port,
         trainer=True,
-        extra_env={"RLGATE_TRAIN_TICK_S": "2", "RLGATE_DEFAULT_PROJECT": PROJECT},
+        extra_env={
+            "RLGATE_TRAIN_TICK_S": "2",
+            "RLGATE_DEFAULT_PROJECT": PROJECT,
+            # the demo's one agent key sends --concurrency calls at once
+            "RLGATE_MAX_CONCURRENT_PER_KEY": str(max(32, concurrency)),
+        },
         engine_args=(
             *("--max-running-requests", str(max(16, concurrency))),
             *("--context-length", str(setup.context_length)),

@@ -13,6 +13,7 @@ import llguidance
 import pytest
 from llguidance.gbnf_to_lark import any_to_lark
 
+from core.ebnf_budget import MAX_DEPTH, MAX_EBNF_CHARS, EbnfBudget, GrammarTooDeep, GrammarTooLarge
 from core.lark_ebnf import GrammarSyntaxError, lark_to_ebnf
 from core.regex_ebnf import regex_to_ebnf
 from engine.model_files import PACKAGED_MODEL, resolve_model_dir
@@ -160,3 +161,74 @@ def test_output_is_plain_ebnf() -> None:
     used = set(re.findall(r"\b[rt]_[a-z_0-9]+\b", re.sub(r'"(?:[^"\\]|\\.)*"', "", ebnf)))
     assert used <= defined and "t_lf" in defined
     assert json.dumps(ebnf)  # a plain string, sent as it is
+
+
+# ---- budgets (core/ebnf_budget.py) ----------------------------------------------------
+
+# four nested {0,100}: about 7 * 10**6 characters copied out in full (the issue-36 probe,
+# 15 s and 1.4 GB on the gateway's event loop before the budget); one more level, 7 * 10**8
+REGEX_BOMBS = [
+    "((((a{0,100}){0,100}){0,100}){0,100})",
+    "(((((a{0,100}){0,100}){0,100}){0,100}){0,100})",
+]
+LARK_BOMBS = [
+    'start: (((("a" ~ 0..100) ~ 0..100) ~ 0..100) ~ 0..100)',
+    "start: /((((a{0,100}){0,100}){0,100}){0,100})/",
+    # no groups: stacked repeats multiply the same way
+    'start: "a" ~ 0..100 ~ 0..100 ~ 0..100 ~ 0..100',
+]
+
+
+def _nest(depth: int, lark: bool) -> str:
+    inner = '"a"' if lark else "a"
+    return ("start: " if lark else "") + "(" * depth + inner + ")" * depth
+
+
+@pytest.mark.parametrize(
+    ("lark", "bomb"),
+    [(False, b) for b in REGEX_BOMBS] + [(True, b) for b in LARK_BOMBS],
+)
+def test_a_nesting_bomb_stops_at_the_budget(lark: bool, bomb: str) -> None:
+    """Refused while it grows: the budget is charged before each string is built, so
+    the conversion stops having built at most the budget (not the bomb)."""
+    budget = EbnfBudget()
+    with pytest.raises(GrammarTooLarge) as e:
+        lark_to_ebnf(bomb, budget) if lark else regex_to_ebnf(bomb, budget=budget)
+    assert f"more than {MAX_EBNF_CHARS} characters" in str(e.value)
+    assert budget.spent <= MAX_EBNF_CHARS  # what was built; the charge past it never was
+
+
+@pytest.mark.parametrize("lark", [False, True], ids=["regex", "lark"])
+@pytest.mark.parametrize("depth", [400, 5000])
+def test_a_deep_nest_is_refused_not_a_recursion_error(lark: bool, depth: int) -> None:
+    """Depth 400 and 5000 were RecursionErrors (500s); the limit is checked on the way
+    down, long before Python's stack."""
+    with pytest.raises(GrammarTooDeep) as e:
+        lark_to_ebnf(_nest(depth, True)) if lark else regex_to_ebnf(_nest(depth, False))
+    assert f"more than {MAX_DEPTH} levels" in str(e.value)
+
+
+def test_a_regex_terminal_nests_inside_its_lark_groups() -> None:
+    half = MAX_DEPTH // 2 + 1
+    regex = "(" * half + "a" + ")" * half
+    assert lark_to_ebnf("start: /" + regex + "/")  # alone: within the limit
+    with pytest.raises(GrammarTooDeep):
+        lark_to_ebnf("start: " + "(" * half + "/" + regex + "/" + ")" * half)
+
+
+def test_within_the_limits_all_is_converted() -> None:
+    """The limits leave real grammars alone: depth at the limit, a list of up to 41
+    words of up to 32 letters."""
+    assert regex_to_ebnf(_nest(MAX_DEPTH, False))
+    assert len(regex_to_ebnf("([a-z_]{1,32}, ){0,40}[a-z_]{1,32}")) < MAX_EBNF_CHARS
+    assert lark_to_ebnf(_nest(MAX_DEPTH, True))
+
+
+def test_unexpanded_a_bomb_is_only_read() -> None:
+    """``expand=False`` (an offered tool's check): read and checked, nothing copied out;
+    nesting is still limited."""
+    budget = EbnfBudget(expand=False)
+    assert len(regex_to_ebnf(REGEX_BOMBS[1], budget=budget)) < 100
+    assert len(lark_to_ebnf(LARK_BOMBS[0], EbnfBudget(expand=False))) < 200
+    with pytest.raises(GrammarTooDeep):
+        regex_to_ebnf(_nest(400, False), budget=EbnfBudget(expand=False))

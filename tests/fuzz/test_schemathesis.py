@@ -12,8 +12,12 @@ request may get a 5xx. Two runs:
 The document is the one the gateway serves (/openapi.json). Its POST operations read
 their JSON bodies themselves, so the document declares no request bodies; without one
 schemathesis would only ever send empty bodies. This test therefore adds a request body
-to each POST before fuzzing: the pydantic request models for the three client APIs
-(OpenAI chat, Anthropic messages, Responses) and "any JSON object" for the others. Output
+to each POST before fuzzing: the pydantic request models for the client APIs (OpenAI
+chat, Completions, Anthropic messages, Responses) and "any JSON object" for the others;
+where a model leaves a field open, ``RICHER`` gives it shapes worth fuzzing: Responses
+custom tools (regex or Lark definitions, grammar-like text included: nested repeats and
+groups) and ``tool_choice``, and the Completions API's prompt forms (text, lists of
+texts, token ids, lists of token ids). Output
 sizes (max_tokens and friends, n) are bounded so that accepted calls stay short on the CPU
 engine; everything else is generated freely, in schemathesis's positive and negative
 modes. Every operation in the document is fuzzed; none is excluded.
@@ -64,14 +68,64 @@ BOUNDS = {
 }
 
 
-def _body_schema(model: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(schema, its $defs) for a pydantic model, refs pointing into components."""
+# regex-like text: nested groups and bounded repeats (nesting bombs, deep nests) as well
+# as ordinary patterns, for the custom tools' converters (core/ebnf_budget.py)
+_GRAMMARISH = {"type": "string", "pattern": '^[a()|{}0-9,*+?\\[\\]"~.: /]{1,80}$'}
+_LARKISH = {"type": "string", "pattern": '^start: [a()|0-9*+?\\[\\]"~. /]{1,80}$'}
+_CUSTOM_TOOL = {
+    "type": "object",
+    "properties": {
+        "type": {"enum": ["custom"]},
+        "name": {"type": "string"},
+        "format": {
+            "type": "object",
+            "properties": {
+                "type": {"enum": ["grammar", "text"]},
+                "syntax": {"enum": ["regex", "lark"]},
+                "definition": {"anyOf": [_GRAMMARISH, _LARKISH, {"type": "string"}]},
+            },
+        },
+    },
+    "required": ["type", "name"],
+}
+# richer schemas for fields the request models leave open (Any, a list of Any)
+RICHER: dict[str, dict[str, dict[str, Any]]] = {
+    "/v1/responses": {
+        "tools": {"type": "array", "maxItems": 3, "items": {"anyOf": [_CUSTOM_TOOL, {}]}},
+        "tool_choice": {
+            "anyOf": [
+                {"enum": ["auto", "none", "required"]},
+                {
+                    "type": "object",
+                    "properties": {"type": {"enum": ["custom", "function"]}, "name": {}},
+                },
+            ]
+        },
+    },
+    "/v1/completions": {
+        "prompt": {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "maxItems": 17, "items": {"type": "string"}},
+                {"type": "array", "items": {"type": "integer"}},
+                {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+                {},
+            ]
+        },
+    },
+}
+
+
+def _body_schema(model: Any, path: str = "") -> tuple[dict[str, Any], dict[str, Any]]:
+    """(schema, its $defs) for a pydantic model, refs pointing into components; output
+    sizes bounded, ``RICHER``'s fields for ``path`` put in."""
     s = model.model_json_schema(ref_template="#/components/schemas/{model}")
     defs = s.pop("$defs", {})
     for name, bound in BOUNDS.items():
         prop = s.get("properties", {}).get(name)
         if prop is not None:
             s["properties"][name] = {"type": "integer", "minimum": 0, "maximum": bound}
+    s.setdefault("properties", {}).update(RICHER.get(path, {}))
     return s, defs
 
 
@@ -95,7 +149,7 @@ def with_bodies(doc: dict[str, Any]) -> dict[str, Any]:
         if post is None or "requestBody" in post:
             continue
         if path in models:
-            schema, defs = _body_schema(models[path])
+            schema, defs = _body_schema(models[path], path)
             comps.update(defs)
         else:
             schema = {"type": "object"}

@@ -333,14 +333,17 @@ def test_a_lone_prompt_stream_the_client_leaves_is_recorded_as_abort(stack):
 
 def test_an_engine_refusal_mid_batch_records_nothing(db_url, engine, tmp_path):
     """With room for one engine request at a time, the second prompt of a batch is
-    refused (429) while the first generates: the first is cancelled, nothing recorded."""
+    refused (429; no waiting for a slot) while the first generates: the first is
+    cancelled, nothing recorded."""
     upgrade(db_url)
     factory = session_factory(make_engine(db_url))
     with transaction(factory) as db:
         _, secret = create_key(db, "batch", "agent")
     h = {"Authorization": f"Bearer {secret}"}
     body = {"prompt": ["Tell a long story.", "Write a poem."], "max_tokens": 200}
-    with gateway(tmp_path / "gw", db_url, engine.url, max_in_flight_per_engine="1") as gw:
+    with gateway(
+        tmp_path / "gw", db_url, engine.url, max_in_flight_per_engine="1", engine_queue_wait_s="0"
+    ) as gw:
         for stream in (False, True):
             r = httpx.post(
                 gw.url + "/v1/completions", headers=h, timeout=120, json={**body, "stream": stream}

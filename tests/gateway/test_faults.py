@@ -196,7 +196,13 @@ def test_saturated_engine_is_429_with_retry_after(sqlite_url, tmp_path, engine):
     factory, secret = _setup_db(sqlite_url)
     h = {"Authorization": f"Bearer {secret}"}
     with (
-        gateway(tmp_path / "gw", sqlite_url, engine.url, max_in_flight_per_engine="1") as gw,
+        gateway(
+            tmp_path / "gw",
+            sqlite_url,
+            engine.url,
+            max_in_flight_per_engine="1",
+            engine_queue_wait_s="0",  # no waiting for a slot: 429 at once
+        ) as gw,
         httpx.Client(timeout=120) as c,
         c.stream(
             "POST",

@@ -1,0 +1,207 @@
+"""The fast in-process tier: the real gateway app (``create_app``, real tokenizer, real
+SQLite recording) served by uvicorn in a thread of the test process, in front of a fake
+engine that speaks SGLang's native protocol (``/generate`` streamed or not, ``/health``,
+``/get_server_info``, ``/v1/models``, ``/abort_request``) and that the test controls.
+
+The fake engine answers every ``/generate`` with the same short text; while it is
+``hold()``-ing, each request waits until the test ``release()``s it (oldest first), so a
+test can fill the gateway's engine slots and decide when one frees up. It records every
+``/generate`` body in arrival order (``arrivals``), so tests assert on what reached the
+engine and in which order, never on wall-clock time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from core.db import make_engine, session_factory, transaction
+from core.keys import create_key
+from core.migrate import upgrade
+from core.settings import Settings
+from gateway.app import create_app
+from tests.servers import free_port
+
+# "Hello there, how can I help?" + <|im_end|> in SmolLM2's vocabulary
+IDS = [19556, 665, 28, 638, 416, 339, 724, 47, 2]
+TEXT = "Hello there, how can I help?"
+
+
+def _meta(body: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": body.get("rid") or "fake",
+        "finish_reason": {"type": "stop", "matched": 2},
+        "prompt_tokens": len(body.get("input_ids") or []),
+        "completion_tokens": len(IDS),
+        "cached_tokens": 0,
+        "output_token_logprobs": [[-0.5, i, None] for i in IDS],
+        "weight_version": "fake",
+        "e2e_latency": 0.0,
+    }
+
+
+class FakeEngine:
+    def __init__(self) -> None:
+        self.url = ""
+        self._lock = threading.Lock()
+        self.arrivals: list[dict[str, Any]] = []
+        self._holding = False
+        self._released = 0  # how many of the held requests may finish, oldest first
+        self._done = 0
+
+    # ---- control (from the test's thread) ----------------------------------------------
+
+    def hold(self) -> None:
+        with self._lock:
+            self._holding = True
+            self._released = len(self.arrivals)
+
+    def release(self, n: int = 1) -> None:
+        with self._lock:
+            self._released += n
+
+    def open(self) -> None:
+        with self._lock:
+            self._holding = False
+
+    def wait_arrivals(self, n: int, timeout: float = 60.0) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if len(self.arrivals) >= n:
+                    return list(self.arrivals)
+            assert time.monotonic() < deadline, f"fewer than {n} requests reached the engine"
+            time.sleep(0.01)
+
+    @property
+    def done(self) -> int:
+        with self._lock:
+            return self._done
+
+    # ---- the engine ----------------------------------------------------------------------
+
+    async def _turn(self, index: int) -> None:
+        while True:
+            with self._lock:
+                if not self._holding or index < self._released:
+                    return
+            await asyncio.sleep(0.005)
+
+    async def generate(self, request: Request) -> Response:
+        body = await request.json()
+        with self._lock:
+            index = len(self.arrivals)
+            self.arrivals.append(body)
+        await self._turn(index)
+        with self._lock:
+            self._done += 1
+        if body.get("stream"):
+
+            async def events() -> AsyncIterator[bytes]:
+                chunk = {"text": TEXT, "output_ids": IDS, "meta_info": _meta(body)}
+                yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+                yield b"data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+        return JSONResponse({"text": TEXT, "output_ids": IDS, "meta_info": _meta(body)})
+
+    def app(self) -> Starlette:
+        async def ok(request: Request) -> JSONResponse:
+            await request.body()
+            return JSONResponse({})
+
+        async def info(request: Request) -> JSONResponse:
+            return JSONResponse({"context_length": 2048, "max_running_requests": 64})
+
+        async def models(request: Request) -> JSONResponse:
+            return JSONResponse({"object": "list", "data": [{"id": "base"}]})
+
+        return Starlette(
+            routes=[
+                Route("/generate", self.generate, methods=["POST"]),
+                Route("/abort_request", ok, methods=["POST"]),
+                Route("/health", ok),
+                Route("/get_server_info", info),
+                Route("/v1/models", models),
+            ]
+        )
+
+
+@contextmanager
+def serving(app: Any) -> Iterator[str]:
+    """``app`` served by uvicorn on loopback in a thread; yields its URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        assert thread.is_alive(), "the server thread exited during start-up"
+        assert time.monotonic() < deadline, "the server did not start within 120 s"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(60)
+
+
+class FastStack:
+    """The gateway (in this process) in front of a :class:`FakeEngine`."""
+
+    def __init__(self, url: str, engine: FakeEngine, keys: dict[str, str], app: Any) -> None:
+        self.url = url
+        self.engine = engine
+        self.keys = keys  # project -> an agent key of it
+        self.app = app
+
+    def post(
+        self, path: str, body: Any, project: str = "p1", timeout: float = 120
+    ) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self.keys[project]}"}
+        return httpx.post(self.url + path, json=body, headers=headers, timeout=timeout)
+
+
+@contextmanager
+def fast_stack(data_dir: Path, model_dir: Path, **settings: Any) -> Iterator[FastStack]:
+    """A fake engine and the gateway in front of it, projects p1 and p2 with a key each."""
+    db_url = f"sqlite:///{data_dir / 'rlgate.db'}"
+    upgrade(db_url)
+    db = make_engine(db_url)
+    keys = {}
+    with transaction(session_factory(db)) as s:
+        for project in ("p1", "p2"):
+            _, keys[project] = create_key(s, project, "agent")
+    engine = FakeEngine()
+    with serving(engine.app()) as engine_url:
+        engine.url = engine_url
+        app = create_app(
+            Settings(
+                data_dir=data_dir,
+                database_url=db_url,
+                engine_urls=engine_url,
+                tokenizer_path=str(model_dir),
+                log_level="warning",
+                render_workers=2,
+                **settings,
+            )
+        )
+        with serving(app) as url:
+            try:
+                yield FastStack(url, engine, keys, app)
+            finally:
+                engine.open()  # held requests finish, so the gateway can stop
+    db.dispose()
