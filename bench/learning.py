@@ -36,6 +36,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -408,6 +409,11 @@ def main() -> None:
         engine_args=("--max-running-requests", str(args.wave), "--context-length", "512"),
     )
     print(f"{args.variant}, seed {args.seed}: logs in {stack.logs}", flush=True)
+
+    def on_term(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt  # unwinds into stack.stop() below
+
+    signal.signal(signal.SIGTERM, on_term)
     failure = None
     run = Run(args.variant, args.seed)
     trainer = Trainer(url, PROJECT)

@@ -13,7 +13,14 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from schemas.tables import FeedbackRow, InteractionRow, PolicyVersionRow, ProjectRow, SessionRow
+from schemas.tables import (
+    FeedbackRow,
+    InteractionRow,
+    PolicyVersionRow,
+    ProjectRow,
+    RunHintRow,
+    SessionRow,
+)
 from trainer.credit import CreditConfig, Rating, aggregate, rater_key, session_turns
 
 
@@ -51,6 +58,13 @@ def session_credit(factory: sessionmaker[Session], session_id: str) -> dict[str,
         rows = session_turns(db, session_id)
         fb = list(db.scalars(select(FeedbackRow).where(FeedbackRow.session_id == session_id)))
         closed = srow.status != "open"
+        hints: dict[str, list[dict[str, Any]]] = {}
+        for h in db.scalars(
+            select(RunHintRow)
+            .where(RunHintRow.interaction_id.in_([r.id for r in rows]))
+            .order_by(RunHintRow.created_at)
+        ):
+            hints.setdefault(h.interaction_id, []).append(_hint_json(h))
     by_target: dict[tuple[str, str], list[FeedbackRow]] = {}
     for f in fb:
         by_target.setdefault((f.target_type, f.target_id), []).append(f)
@@ -94,6 +108,7 @@ def session_credit(factory: sessionmaker[Session], session_id: str) -> dict[str,
                 "discount": discount,
                 "origins": sorted({origin(f) for f in ratings}),
                 "ratings": [_rating_json(f) for f in ratings],
+                "hints": hints.get(r.id, []),
             }
         )
     return {
@@ -102,6 +117,17 @@ def session_credit(factory: sessionmaker[Session], session_id: str) -> dict[str,
         "gamma": cfg.gamma,
         "unrated": cfg.unrated,
         "turns": out,
+    }
+
+
+def _hint_json(h: RunHintRow) -> dict[str, Any]:
+    """A hint a run's teacher saw for this turn (trainer/hints.py)."""
+    return {
+        "run_id": h.run_id,
+        "origin": h.origin,
+        "text": h.text,
+        "teacher": h.teacher,
+        "adv_mean": h.adv_mean,
     }
 
 

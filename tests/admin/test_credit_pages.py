@@ -28,7 +28,15 @@ from core.db import make_engine, session_factory, transaction
 from core.migrate import upgrade
 from schemas.coltypes import utcnow
 from schemas.convert import to_row
-from schemas.tables import FeedbackRow, JudgeCallRow, PolicyVersionRow, ProjectRow, SessionRow
+from schemas.tables import (
+    FeedbackRow,
+    JudgeCallRow,
+    PolicyVersionRow,
+    ProjectRow,
+    RunHintRow,
+    SessionRow,
+    TrainingRunRow,
+)
 from tests.rows import interaction
 from tests.servers import free_port, gateway
 
@@ -38,6 +46,7 @@ JUDGE = {"name": "judge", "judge": "mini", "mode": "session", "rubric": "Be righ
 # the operator's entry, in the gateway's configuration
 JUDGES = json.dumps({"mini": {"model": MODEL, "calls_per_hour": 30, "usd_per_hour": 0.5}})
 RATIONALE = '<script>alert("x")</script> the <b>answer</b> is right & complete'
+HINT = "Shorter <i>please</i> & one sentence"  # a user's words: shown escaped
 
 
 def _seed(factory: Any) -> None:
@@ -82,6 +91,13 @@ def _seed(factory: Any) -> None:
         db.add(rating("fb_judge", "session", "s1", 0.5, source="judge", rater="judge:session",
                       rationale=RATIONALE, judge_model=MODEL))  # fmt: skip
         db.add(rating("fb_user", "interaction", "i2", 1.0, source="user", rater="alice"))
+        # the run that trained i2 with alice's comment as its teacher's hint
+        db.add(TrainingRunRow(id="run_h", project_id="p1", trigger="manual", status="published",
+                              created_at=now))  # fmt: skip
+        db.flush()
+        db.add(RunHintRow(id="hint_1", run_id="run_h", interaction_id="i2", feedback_id="fb_user",
+                          origin="comment", text=HINT, teacher="base", adv_mean=0.25,
+                          created_at=now))  # fmt: skip
         calls = [("ok", 0.012, 5), ("unparsable", None, 10), ("timeout", None, 20),
                  ("budget", None, 30), ("error", None, 180)]  # fmt: skip
         for n, (outcome, cost, minutes_ago) in enumerate(calls):
@@ -160,6 +176,10 @@ def test_session_page_shows_each_turns_credit_and_where_it_came_from(client: htt
     assert "<script>" not in page and "<b>answer</b>" not in page
     assert "the user corrected it" in rows["i0"] and "next turn: correction" in rows["i0"]
     assert "alice" in rows["i2"] and "rationale" not in rows["i2"]
+    # the hint the teacher saw, beside the credit, escaped; the other turns have none
+    assert str(escape(HINT)) in cells["i2"]["hint"] and "<i>please</i>" not in page
+    assert "teacher base" in _text(cells["i2"]["hint"]) and "run_h" in cells["i2"]["hint"]
+    assert _text(cells["i0"]["hint"]) == "–"
     assert "no ratings yet" not in page
 
     # the same as the JSON credit route (both are trainer.api.session_credit)
@@ -170,6 +190,14 @@ def test_session_page_shows_each_turns_credit_and_where_it_came_from(client: htt
     assert [t["level"] for t in turns] == ["interaction", "session", "interaction"]
     assert turns[1]["discount"] == pytest.approx(0.9)
     assert [t["origins"] for t in turns] == [["next_turn"], ["judge"], ["user"]]
+    assert [[h["text"] for h in t["hints"]] for t in turns] == [[], [], [HINT]]
+    assert turns[2]["hints"][0] == {
+        "run_id": "run_h",
+        "origin": "comment",
+        "text": HINT,
+        "teacher": "base",
+        "adv_mean": 0.25,
+    }
 
     # a session without ratings
     page = _page(client, "/admin/sessions/s2")
