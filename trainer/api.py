@@ -197,8 +197,8 @@ def update_verifiers(
 def session_credit(factory: sessionmaker[Session], session_id: str) -> dict[str, Any] | None:
     """Each turn's reward, the level that decided it (interaction, group, session with its
     discount, unrated) and the ratings behind it with their origin (user, verifier, judge,
-    next_turn, system), rationale and judge model (trainer/credit_view.py); None for an
-    unknown session. The caller checks ``project_id`` against the caller's scope."""
+    next_turn, next_turn_rules, system), rationale and judge model (trainer/credit_view.py);
+    None for an unknown session. The caller checks ``project_id`` against the caller's scope."""
     from trainer.credit_view import session_credit as explain
 
     return explain(factory, session_id)
