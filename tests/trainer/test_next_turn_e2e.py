@@ -167,7 +167,7 @@ def test_the_next_message_rates_the_answer_before_it_while_the_session_is_open(
     # thanks, in a project with the rules and the judge in next_turn mode: both rate it
     sid2, _ = _two_turns(gw, key2, "What is 2+2?", "Thanks!")
     first2 = _turns(factory, sid2)[0].id
-    both = _until(lambda: (r := _ratings(factory, first2)) if len(r) == 2 else None, log)
+    both = _until(lambda: r if len(r := _ratings(factory, first2)) == 2 else None, log)
     assert [(f.source, f.rater, f.reward) for f in both] == [
         ("judge", "judge:next_turn", 1.0),
         ("next_turn", "rules:next_turn", 1.0),
