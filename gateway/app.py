@@ -33,6 +33,7 @@ from gateway.boundary import UrlCheckMiddleware
 from gateway.engine_client import EngineClient
 from gateway.errors import db_down_error, error_response
 from gateway.metrics import Metrics
+from gateway.next_turn import NextTurnDispatch
 from gateway.parsing import TOOL_PARSERS
 from gateway.pipeline import Pipeline
 from gateway.ratelimit import RateLimitMiddleware
@@ -91,11 +92,13 @@ def build_gateway(settings: Settings) -> Gateway:
         engines, factory, settings.engine_sync_s, settings.engine_router_worker_list
     )
     sessions = SessionStore(factory, settings.session_idle_timeout_s)
+    next_turn = NextTurnDispatch(factory)
     recorder = Recorder(
         factory,
         settings.data_dir / "spool",
         fsync=settings.spool_fsync,
         on_sessions_written=sessions.committed,
+        on_followups_written=next_turn.committed,
         dead_letter_path=settings.data_dir / "dead_letters.jsonl",
         on_dead_letter=metrics.dead_letters.inc,
         backlog_max_bytes=int(settings.recording_backlog_max_mb * (1 << 20)),
@@ -120,7 +123,16 @@ def build_gateway(settings: Settings) -> Gateway:
     admin = settings.admin_key.get_secret_value() if settings.admin_key else None
     auth = Authenticator(factory, admin, settings.default_project, settings.session_key_grace_s)
     return Gateway(
-        settings, factory, auth, pipeline, recorder, engines, metrics, tokenizer, adapter_sync
+        settings,
+        factory,
+        auth,
+        pipeline,
+        recorder,
+        engines,
+        metrics,
+        tokenizer,
+        adapter_sync,
+        next_turn,
     )
 
 
@@ -130,6 +142,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         gw = build_gateway(settings)
+        if gw.next_turn is not None:
+            gw.next_turn.start()  # before the recorder: its start-up replay hands turns over
         gw.recorder.start()
         app.state.gw = gw
 
@@ -156,6 +170,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await gw.engines.close()
             gw.pipeline.render_pool.close()
             await asyncio.to_thread(gw.recorder.stop)
+            if gw.next_turn is not None:
+                await asyncio.to_thread(gw.next_turn.stop)
 
     app = FastAPI(
         title="rlgate",

@@ -3,12 +3,14 @@
 Idempotent: interactions whose id is already there are skipped, so replaying a spool
 segment twice writes nothing new. Sessions that new calls opened travel with their first
 interaction and are inserted when missing; ``seq`` is numbered per session in creation
-order, and each session's ``last_activity_at`` only moves forward.
+order, and each session's ``last_activity_at`` only moves forward. It also names the
+turns it wrote that follow an earlier turn of their session (:class:`Followup`): the
+gateway's next-turn dispatch (gateway/next_turn.py) takes them after the commit.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
@@ -21,9 +23,19 @@ from schemas.convert import to_row
 from schemas.tables import InteractionRow, SessionRow
 
 
-def write_batch(db: Session, entries: list[SpoolRecord]) -> tuple[int, set[str]]:
+class Followup(NamedTuple):
+    """A written turn that follows an earlier one of its session (a parent, or not the
+    session's first record): one per request (its first choice), never an aborted one."""
+
+    project_id: str
+    session_id: str
+    interaction_id: str
+
+
+def write_batch(db: Session, entries: list[SpoolRecord]) -> tuple[int, set[str], list[Followup]]:
     """Insert what is not in the database yet: the sessions new calls opened, then the
-    interactions. Returns (interactions inserted, ids of the sessions carried along)."""
+    interactions. Returns (interactions inserted, ids of the sessions carried along, the
+    inserted turns that follow an earlier turn)."""
     carried = {s["id"]: s for e in entries if (s := e["session"])}
     if carried:
         have = set(db.scalars(select(SessionRow.id).where(SessionRow.id.in_(list(carried)))))
@@ -36,7 +48,7 @@ def write_batch(db: Session, entries: list[SpoolRecord]) -> tuple[int, set[str]]
     existing = set(db.scalars(select(InteractionRow.id).where(InteractionRow.id.in_(ids))))
     fresh = [r for r in records if r["id"] not in existing]
     if not fresh:
-        return 0, set(carried)
+        return 0, set(carried), []
     sessions = {r["session_id"] for r in fresh}
     next_seq = dict(
         db.execute(
@@ -70,4 +82,11 @@ def write_batch(db: Session, entries: list[SpoolRecord]) -> tuple[int, set[str]]
         [{"sid": sid, "at": at} for sid, at in last_activity.items()],
     )
     mark_retries(db, rows)  # an SDK's resend supersedes the answer it never received
-    return len(fresh), set(carried)
+    followups = [
+        Followup(r["project_id"], r["session_id"], r["id"])
+        for r in rows
+        if (r["seq"] > 0 or r.get("parent_id"))
+        and r.get("choice_index", 0) == 0
+        and r.get("finish_reason") != "abort"
+    ]
+    return len(fresh), set(carried), followups

@@ -15,7 +15,8 @@ the database at start-up and whenever the database is back.
   records of one ``record()`` call (a call's choices, every prompt of a Completions
   batch) are never split between two transactions (but see refusals below). It then
   marks them done and counts them off their tickets; a segment whose records are all in
-  the database is deleted.
+  the database is deleted. The turns a commit wrote that follow an earlier turn of their
+  session go to ``on_followups_written`` (the next-turn dispatch, gateway/next_turn.py).
 - If the database is down the writer keeps the batch and retries with backoff; nothing
   is dropped, and waiting tickets are settled as not committed at once. A batch the
   database refuses for its content (a value too long for its column, a character it
@@ -47,7 +48,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.errors import APIError
 from gateway.commits import Ticket, Tickets
 from gateway.dead_letters import DeadLetters, describe, refused_for_content
-from gateway.record_batch import write_batch
+from gateway.record_batch import Followup, write_batch
 from gateway.spool import Pending, Segment, Spool, SpoolRecord, spool_line
 
 log = logging.getLogger("rlgate.recorder")
@@ -62,6 +63,7 @@ class Recorder:
         fsync: bool = True,
         on_sessions_written: Callable[[set[str]], None] | None = None,
         *,
+        on_followups_written: Callable[[list[Followup]], None] | None = None,
         dead_letter_path: Path | None = None,
         on_dead_letter: Callable[[], None] | None = None,
         backlog_max_bytes: int = 256 << 20,
@@ -69,6 +71,8 @@ class Recorder:
         lag_alert_s: float = 60.0,
     ) -> None:
         self.on_sessions_written = on_sessions_written
+        # after a commit: the turns it wrote that follow an earlier turn (must not block)
+        self.on_followups_written = on_followups_written
         self.on_dead_letter = on_dead_letter
         self.factory = factory
         self.spool = Spool(spool_dir, fsync)
@@ -290,7 +294,7 @@ class Recorder:
             try:
                 with self._write_lock:
                     with self.factory() as db, db.begin():
-                        inserted, sessions = write_batch(db, records)
+                        inserted, sessions, followups = write_batch(db, records)
                     self.recorded_total += inserted
             except Exception as e:
                 if not refused_for_content(e):
@@ -322,6 +326,8 @@ class Recorder:
             self._db_ok.set()
             if sessions and self.on_sessions_written:
                 self.on_sessions_written(sessions)
+            if followups and self.on_followups_written:
+                self.on_followups_written(followups)
             return inserted
 
     def _dead_letter(self, record: dict[str, Any], reason: str) -> None:

@@ -17,6 +17,7 @@ from gateway.adapter_sync import AdapterSync
 from gateway.auth import Authenticator
 from gateway.engine_client import EngineClient
 from gateway.metrics import Metrics
+from gateway.next_turn import NextTurnDispatch
 from gateway.pipeline import Pipeline
 from gateway.recorder import Recorder
 
@@ -32,3 +33,4 @@ class Gateway:
     metrics: Metrics
     tokenizer: Any
     adapter_sync: AdapterSync
+    next_turn: NextTurnDispatch | None = None  # queues the next-turn task after a commit

@@ -59,6 +59,9 @@ class FeedbackSource(StrEnum):
     user = "user"
     verifier = "verifier"
     judge = "judge"
+    next_turn = (
+        "next_turn"  # a rule classifier read the user's next message (trainer/next_turn_rules.py)
+    )
     system = "system"
 
 

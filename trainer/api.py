@@ -25,11 +25,13 @@ __all__ = [
     "after_feedback",
     "check_training",
     "effective_training",
+    "enqueue_next_turn",
     "judge_usage",
     "learning_curve",
     "list_adapters",
     "on_session_closed",
     "promote",
+    "reads_next_turn",
     "rollback",
     "serve_version",
     "session_credit",
@@ -52,6 +54,20 @@ def on_session_closed(factory: sessionmaker[Session], session_id: str) -> bool:
     """After a session was closed or expired: credit assignment and, when a verifier is
     configured, the verifier task; returns whether it enqueued. Never raises."""
     return hooks.on_session_closed(factory, session_id)
+
+
+def reads_next_turn(project_settings: dict[str, Any] | None) -> bool:
+    """Whether the project has a source that rates an answer by the user's next message
+    (``next_turn_rules``, the judge in ``mode: next_turn``; trainer/next_turn.py)."""
+    from trainer.next_turn import reads_next_turn as reads
+
+    return reads(project_settings)
+
+
+def enqueue_next_turn(session_id: str, interaction_id: str) -> None:
+    """Queue the next-turn task for a committed turn that follows an earlier answer (on the
+    verify queue: the worker rates that answer by the user's message, trainer/next_turn.py)."""
+    hooks.enqueue_next_turn(session_id, interaction_id)
 
 
 # ---- training ---------------------------------------------------------------------------------
@@ -197,8 +213,8 @@ def update_verifiers(
 def session_credit(factory: sessionmaker[Session], session_id: str) -> dict[str, Any] | None:
     """Each turn's reward, the level that decided it (interaction, group, session with its
     discount, unrated) and the ratings behind it with their origin (user, verifier, judge,
-    next_turn, system), rationale and judge model (trainer/credit_view.py); None for an
-    unknown session. The caller checks ``project_id`` against the caller's scope."""
+    next_turn, next_turn_rules, system), rationale and judge model (trainer/credit_view.py);
+    None for an unknown session. The caller checks ``project_id`` against the caller's scope."""
     from trainer.credit_view import session_credit as explain
 
     return explain(factory, session_id)

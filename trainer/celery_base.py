@@ -34,10 +34,11 @@ def make_celery(settings: Settings | None = None) -> Celery:
         # the verify pool's hard limit (prefork kills the process; the soft one lets the
         # task stop its command and give its slot back first)
         task_annotations={
-            "rlgate.verifiers.verify_session": {
+            name: {
                 "soft_time_limit": settings.verify_time_limit_s,
                 "time_limit": settings.verify_time_limit_s + 15,
             }
+            for name in ("rlgate.verifiers.verify_session", "rlgate.verifiers.next_turn")
         },
     )
     return app

@@ -2,8 +2,7 @@
 ``trainer.api.session_credit``): the reward credit assignment gives every interaction of
 a session (trainer/credit.py), the level that decided it (interaction, group, session
 with its discount, or the unrated policy), and the ratings behind it with their origin
-(``user``, ``verifier``, ``judge``, ``next_turn``: the judge reading the user's next
-message, ``system``) and a judge's rationale and model; and a project's learning curve
+(:data:`ORIGINS`) and a judge's rationale and model; and a project's learning curve
 (mean reward by policy version, and the eval gate's held-out score where configured)."""
 
 from __future__ import annotations
@@ -23,10 +22,22 @@ from schemas.tables import (
 )
 from trainer.credit import CreditConfig, Rating, aggregate, rater_key, session_turns
 
+ORIGINS = {
+    "user": "a client's rating",
+    "verifier": "a verifier of the answer",
+    "judge": "the LLM judge",
+    "next_turn": "the LLM judge reading the user's next message",
+    "next_turn_rules": "the rules reading the user's next message",
+    "system": "rlgate itself",
+}
+
 
 def origin(row: FeedbackRow) -> str:
+    """Where a rating came from (a key of :data:`ORIGINS`)."""
     if row.source == "judge" and (row.rater or "").endswith(":next_turn"):
         return "next_turn"
+    if row.source == "next_turn":  # trainer/next_turn_rules.py
+        return "next_turn_rules"
     return str(row.source)
 
 
@@ -34,6 +45,7 @@ def _rating_json(row: FeedbackRow) -> dict[str, Any]:
     return {
         "id": row.id,
         "origin": origin(row),
+        "origin_text": ORIGINS.get(origin(row)),
         "source": row.source,
         "rater": row.rater,
         "target_type": row.target_type,

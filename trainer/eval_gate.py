@@ -132,7 +132,8 @@ class EvalGate:
         verifier = check_verifier_name(raw.get("verifier", DEFAULT_VERIFIER), "eval_gate.verifier")
         if rates_sessions(verifier):
             raise GateConfigError(
-                f"eval_gate.verifier: {verifier!r} rates whole sessions, not one answer; "
+                f"eval_gate.verifier: {verifier!r} rates whole sessions or the user's next "
+                "message, not one answer; "
                 "name a verifier that scores an answer (e.g. 'contains')"
             )
         prompts = raw.get("prompts", [])

@@ -14,7 +14,11 @@
   twice. A spec whose registration rates whole sessions (``rate_session``: the LLM judge,
   trainer/judge_run.py) runs that instead, with its ``feedback_source`` (``judge``).
   Nothing here names a verifier: each spec runs as its registration says
-  (trainer/reward_registry.py).
+  (trainer/reward_registry.py). Specs that read the user's next message (the
+  ``next_turn_rules``, the judge in ``mode: next_turn``) do not run at the close.
+- :func:`enqueue_next_turn`: the task ``rlgate.verifiers.next_turn`` for a turn that
+  follows an answer (the gateway enqueues it after the turn's commit); its body is
+  trainer/next_turn.py ``run_next_turn``.
 
 The gateway reaches these through trainer/api.py only. Feedback rows are written by
 core/feedback.py for every source.
@@ -49,6 +53,7 @@ log = logging.getLogger("rlgate.verifiers")
 feedback_log = logging.getLogger("rlgate.feedback")
 
 VERIFY_TASK = "rlgate.verifiers.verify_session"
+NEXT_TURN_TASK = "rlgate.verifiers.next_turn"
 VERIFY_QUEUE = "rlgate.verify"  # the verify pool's queue: never the trainer's
 
 
@@ -88,6 +93,29 @@ def enqueue_verification(session_id: str) -> None:
     )
 
 
+def enqueue_next_turn(session_id: str, interaction_id: str) -> None:
+    """Queue the next-turn task for a committed turn (on the verify queue)."""
+    from trainer.celery_base import publisher
+
+    publisher().send_task(
+        NEXT_TURN_TASK,
+        args=[session_id, interaction_id],
+        queue=VERIFY_QUEUE,
+        retry=True,
+        retry_policy={"max_retries": 3, "interval_start": 0, "interval_step": 0.5},
+    )
+
+
+def _at_close(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The specs that run when a session closes: not those reading the next message."""
+    out = []
+    for spec in specs:
+        source = get_source(spec["name"])
+        if source is None or not source.reads_next_turn(spec):
+            out.append(spec)
+    return out
+
+
 def on_session_closed(factory: sessionmaker[Session], session_id: str) -> bool:
     """Call after a session was closed or expired (after the commit). Re-runs credit
     assignment (the ``wait`` policy settles now) and enqueues the verifier task when a
@@ -101,7 +129,7 @@ def on_session_closed(factory: sessionmaker[Session], session_id: str) -> bool:
             project = db.get(ProjectRow, project_id)
             settings = dict(project.settings or {}) if project is not None else {}
         assign_rewards_tx(factory, project_id, session_id)
-        if not configured_verifiers(settings, meta):
+        if not _at_close(configured_verifiers(settings, meta)):
             return False
         enqueue_verification(session_id)
         return True
@@ -148,7 +176,7 @@ def run_verifiers(
     if not final:
         return []
     stored = []
-    for spec in configured_verifiers(settings, session.metadata or {}):
+    for spec in _at_close(configured_verifiers(settings, session.metadata or {})):
         name = spec["name"]
         source = get_source(name)
         if source is None or (source.score is None and source.rate_session is None):
@@ -212,20 +240,29 @@ def _rate_session(
     assert source.rate_session is not None
 
     def store(inp: FeedbackInput) -> dict[str, Any] | None:
-        try:  # the source names targets of this project only (siblings of the session)
-            row, replayed = store_feedback(factory, inp, Scope(session.project_id), wait_s=0)
-            if not replayed:
-                after_feedback(factory, row)
-            return feedback_json(row)
-        except Exception as e:  # e.g. 409: a redelivered task judged differently
-            log.warning("%s feedback on %s not stored: %s", source.name, inp.ref, e)
-            return None
+        return store_and_credit(factory, inp, session.project_id, source.name)
 
     try:
         return source.rate_session(factory, session, interactions, spec, store, deadline)
     except Exception:
         log.exception("%s failed on session %s", source.name, session.id)
         return []
+
+
+def store_and_credit(
+    factory: sessionmaker[Session], inp: FeedbackInput, project_id: str, name: str
+) -> dict[str, Any] | None:
+    """Store a source's rating (targets of ``project_id`` only) and, when it is new,
+    credit assignment for its session; the stored feedback (JSON), or None when it was
+    refused (e.g. 409: a redelivered task rated differently). Never raises."""
+    try:
+        row, replayed = store_feedback(factory, inp, Scope(project_id), wait_s=0)
+        if not replayed:
+            after_feedback(factory, row)
+        return feedback_json(row)
+    except Exception as e:
+        log.warning("%s feedback on %s not stored: %s", name, inp.ref, e)
+        return None
 
 
 def project_of(factory: sessionmaker[Session], session_id: str) -> str | None:

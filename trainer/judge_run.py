@@ -1,7 +1,9 @@
 """Running the LLM judge on a closed session (the verifier task's ``judge`` spec,
 trainer/hooks.py): which targets each mode judges, and the sibling sessions of a task
-for the ``group`` mode. The calls themselves are trainer/judge.py's. :data:`JUDGE` is the
-judge's one registration as a reward source (trainer/reward_registry.py collects it)."""
+for the ``group`` mode; in ``next_turn`` mode, one answer as the user's next message
+arrives (:func:`judge_next_turn`, run by trainer/next_turn.py), never at the close. The
+calls themselves are trainer/judge.py's. :data:`JUDGE` is the judge's one registration
+as a reward source (trainer/reward_registry.py collects it)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from schemas.convert import to_record
 from schemas.tables import InteractionRow, SessionRow
 from trainer import judge
 from trainer import judge_text as jt
-from trainer.reward_source import GrantRef, RewardSource
+from trainer.reward_source import GrantRef, NextTurn, RewardSource
 
 log = logging.getLogger("rlgate.judge")
 
@@ -48,8 +50,8 @@ def run_judge(
     if not steps:
         return []
     final, mode = steps[-1], cfg["mode"]
-    if mode == "next_turn":
-        return run_next_turn_mode(caller, session, interactions, store)
+    if mode == "next_turn":  # rated as each next message arrives (judge_next_turn)
+        return []
     if mode == "session":
         return run_session_mode(caller, session, final, store)
     if len(final) > 1:  # group: the choices of the final n > 1 request
@@ -175,52 +177,49 @@ def run_session_mode(
     return out
 
 
-def run_next_turn_mode(
-    caller: judge.Caller,
+def judge_next_turn(
+    factory: sessionmaker[Session],
     session: SessionRecord,
-    interactions: list[Interaction],
+    pair: Any,
+    spec: dict[str, Any],
     store: judge.Store,
+    deadline: float | None = None,
 ) -> list[dict[str, Any]]:
-    cfg = caller.cfg
-    by_id = {i.id: i for i in interactions}
-    pairs: list[tuple[Interaction, str]] = []
-    steps = turns(interactions)
-    for before, after in zip(steps, steps[1:], strict=False):
-        nxt = after[0]
-        prev = by_id.get(nxt.parent_id or "") or (before[0] if len(before) == 1 else None)
-        reply = jt.next_user_message(nxt)
-        if prev is not None and reply:
-            pairs.append((prev, reply))
-    done = judge.judged(
-        caller.factory, session.project_id, [f"judge:next_turn:{p.id}" for p, _ in pairs]
+    """The judge in ``next_turn`` mode on one answer and the user's next message
+    (``pair``: trainer/next_turn.py ``Pair``), as that message arrives: the label's reward
+    (judge_text.NEXT_TURN_REWARDS) on the answer; ``new_topic`` gives no rating. An answer
+    already judged is not sent again."""
+    try:
+        cfg = judge.settings_for(spec, session.project_id)
+    except GrantError as e:
+        log.warning("judge not run for session %s: %s", session.id, e)
+        return []
+    prev, reply = pair.answer, pair.reply
+    key = f"judge:next_turn:{prev.id}"
+    if judge.judged(factory, session.project_id, [key]):
+        return []
+    caller = judge.Caller(factory, session.project_id, session.id, cfg, deadline)
+    previous = jt.transcript(prev, limit=6000)
+    verdict = caller.ask(jt.next_turn_prompt(previous, reply), jt.parse_next_turn)
+    if verdict is None or jt.NEXT_TURN_REWARDS.get(verdict.label or "") is None:
+        return []  # skipped (counted) or new_topic: no rating
+    inp = FeedbackInput(
+        target="interaction",
+        ref=prev.id,
+        value=verdict.score,
+        scale="scalar",
+        scale_min=-1.0,
+        scale_max=1.0,
+        reward=verdict.score,
+        source="judge",
+        rater="judge:next_turn",
+        comment=f"next turn: {verdict.label}",
+        idempotency_key=key,
+        rationale=verdict.rationale or None,
+        judge_model=cfg["model"],
     )
-    out = []
-    for prev, reply in pairs:
-        key = f"judge:next_turn:{prev.id}"
-        if key in done:
-            continue
-        previous = jt.transcript(prev, limit=6000)
-        verdict = caller.ask(jt.next_turn_prompt(previous, reply), jt.parse_next_turn)
-        if verdict is None or jt.NEXT_TURN_REWARDS.get(verdict.label or "") is None:
-            continue  # skipped (counted) or new_topic: no rating
-        inp = FeedbackInput(
-            target="interaction",
-            ref=prev.id,
-            value=verdict.score,
-            scale="scalar",
-            scale_min=-1.0,
-            scale_max=1.0,
-            reward=verdict.score,
-            source="judge",
-            rater="judge:next_turn",
-            comment=f"next turn: {verdict.label}",
-            idempotency_key=key,
-            rationale=verdict.rationale or None,
-            judge_model=cfg["model"],
-        )
-        fb = store(inp)
-        out += [fb] if fb else []
-    return out
+    fb = store(inp)
+    return [fb] if fb else []
 
 
 def judge_group(
@@ -256,6 +255,7 @@ JUDGE = RewardSource(
     judge.JUDGE_PARAMS,
     rate_session=run_judge,
     grant=GrantRef("judge", "judges", Grants.judge, JudgeGrant),
+    next_turn=NextTurn(judge_next_turn, applies=lambda spec: spec.get("mode") == "next_turn"),
     trusted_only=judge.JUDGE_PARAMS,
     check=judge.check_judge_params,
     feedback_source=FeedbackSource.judge,

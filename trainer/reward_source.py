@@ -49,6 +49,22 @@ Verifier = Callable[[VerifierContext, Interaction], float | None]
 # rates a whole closed session (and its siblings): (factory, session, interactions, spec,
 # store, deadline) -> the stored feedback as JSON; it stores through ``store``
 SessionRater = Callable[..., list[dict[str, Any]]]
+# rates one answer by the user's next message, when that message arrives (trainer/
+# next_turn.py): (factory, session, pair, spec, store, deadline) -> the stored feedback
+NextTurnRater = Callable[..., list[dict[str, Any]]]
+
+
+def _always(spec: dict[str, Any]) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class NextTurn:
+    """A source's part that reads the user's next message: its runner, and which of its
+    specs use it (the judge only in ``mode: next_turn``)."""
+
+    rate: NextTurnRater
+    applies: Callable[[dict[str, Any]], bool] = _always
 
 
 @dataclass(frozen=True)
@@ -70,10 +86,16 @@ class RewardSource:
     params: tuple[str, ...] | None
     score: Verifier | None = None  # rates one answer (the eval gate can use it)
     rate_session: SessionRater | None = None  # or rates whole sessions (the verifier task)
+    next_turn: NextTurn | None = None  # or rates an answer by the user's next message
     grant: GrantRef | None = None  # the operator entry a spec must name
     trusted_only: tuple[str, ...] = ()  # parameters only project settings may give
     check: Callable[[dict[str, Any], str], None] | None = None  # more checks; raises ValueError
     feedback_source: FeedbackSource = FeedbackSource.verifier
+
+    def reads_next_turn(self, spec: dict[str, Any]) -> bool:
+        """Whether this spec of the source rates answers by the user's next message, as
+        that message arrives (never when the session closes)."""
+        return self.next_turn is not None and self.next_turn.applies(spec)
 
     @property
     def operator_only(self) -> tuple[str, ...]:

@@ -14,6 +14,9 @@
   RLGATE_VERIFY_PER_PROJECT at once per project (trainer/verify_leases.py): one project's
   slow judge neither delays training nor another project's ratings. A verify task that
   arrives on another queue (one queued before the verify queue existed) is moved there.
+- ``rlgate.verifiers.next_turn(session_id, interaction_id)``: rate the answer before that
+  turn by the user's message in it (trainer/next_turn.py), as the message arrives; the
+  gateway enqueues it on the verify queue, and it runs in the verify pool like the above.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import gc
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from trainer import hooks, runner, serving_switch, triggers, verify_leases
@@ -104,8 +108,6 @@ def tick() -> dict[str, Any]:
 def verify_session(self: Any, session_id: str) -> int:
     """Celery task: run the configured verifiers on a closed session, in one of its
     project's verify slots (retried later when they are all taken)."""
-    from core.settings import get_settings
-
     queue = (self.request.delivery_info or {}).get("routing_key")
     if queue and queue != hooks.VERIFY_QUEUE:
         # queued before verification had its own queue (an upgrade), or by hand: a judge
@@ -115,20 +117,43 @@ def verify_session(self: Any, session_id: str) -> int:
         )
         hooks.enqueue_verification(session_id)
         return 0
+    return _in_verify_slot(self, session_id, lambda f, d: hooks.run_verifiers(f, session_id, d))
+
+
+@app.task(name=hooks.NEXT_TURN_TASK, acks_late=True, bind=True, max_retries=None)
+def next_turn(self: Any, session_id: str, interaction_id: str) -> int:
+    """Celery task: rate the answer before ``interaction_id``'s turn by the user's next
+    message (trainer/next_turn.py), in one of its project's verify slots."""
+    from trainer.next_turn import run_next_turn
+
+    queue = (self.request.delivery_info or {}).get("routing_key")
+    if queue and queue != hooks.VERIFY_QUEUE:
+        hooks.enqueue_next_turn(session_id, interaction_id)  # never in a trainer's process
+        return 0
+    return _in_verify_slot(
+        self, session_id, lambda f, d: run_next_turn(f, session_id, interaction_id, d)
+    )
+
+
+def _in_verify_slot(task: Any, session_id: str, body: Callable[[Any, float], list[Any]]) -> int:
+    """Run ``body(factory, deadline)`` in one of the session's project's verify slots,
+    under the verify time limit; retried later when the slots are all taken."""
+    from core.settings import get_settings
+
     settings = get_settings()
     factory = hooks.factory_for(settings.effective_database_url)
     project_id = hooks.project_of(factory, session_id)
     if project_id is None:
         return 0
     limit = settings.verify_time_limit_s
-    holder = str(self.request.id or session_id)
+    holder = str(task.request.id or session_id)
     slot = verify_leases.acquire(
         factory, project_id, settings.verify_per_project, limit + 30.0, holder
     )
     if slot is None:
-        raise self.retry(countdown=LEASE_WAIT_S)
+        raise task.retry(countdown=LEASE_WAIT_S)
     try:
         deadline = time.monotonic() + max(1.0, limit - STORE_MARGIN_S)
-        return len(hooks.run_verifiers(factory, session_id, deadline))
+        return len(body(factory, deadline))
     finally:
         verify_leases.release(factory, project_id, slot, holder)

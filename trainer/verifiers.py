@@ -161,9 +161,14 @@ def configured_verifiers(
     return named or list(project.values())
 
 
+def project_specs(project_settings: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The project's valid verifier specs (``settings["verifiers"]``), in order."""
+    return _specs((project_settings or {}).get("verifiers"), "verifiers")
+
+
 def project_params(project_settings: dict[str, Any] | None, name: str) -> dict[str, Any]:
     """The project's parameters for verifier ``name`` (``settings["verifiers"]``), if any."""
-    specs = _specs((project_settings or {}).get("verifiers"), "verifiers")
+    specs = project_specs(project_settings)
     return next(
         ({k: v for k, v in s.items() if k != "name"} for s in specs if s["name"] == name), {}
     )

@@ -209,7 +209,8 @@ async def api_verifiers_put(project_id: str, request: Request) -> JSONResponse:
 @router.get("/admin/api/sessions/{session_id}/credit")
 async def api_session_credit(session_id: str, request: Request) -> JSONResponse:
     """Each turn's reward, the level that decided it and the ratings behind it (origin:
-    user, verifier, judge, next_turn, system; a judge's rationale and model)."""
+    user, verifier, judge, next_turn, next_turn_rules, system; a judge's rationale and
+    model)."""
     from trainer import api as trainer_api
 
     ctx = await api_ctx(request)

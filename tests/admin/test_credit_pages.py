@@ -88,6 +88,9 @@ def _seed(factory: Any) -> None:
         db.add(rating("fb_next", "interaction", "i0", -0.5, source="judge",
                       rater="judge:next_turn", comment="next turn: correction",
                       rationale="the user corrected it", judge_model=MODEL))  # fmt: skip
+        db.add(rating("fb_rules", "interaction", "i0", -0.5, source="next_turn",
+                      rater="rules:next_turn",
+                      comment='next turn: correction (cue: "no")'))  # fmt: skip
         db.add(rating("fb_judge", "session", "s1", 0.5, source="judge", rater="judge:session",
                       rationale=RATIONALE, judge_model=MODEL))  # fmt: skip
         db.add(rating("fb_user", "interaction", "i2", 1.0, source="user", rater="alice"))
@@ -166,7 +169,7 @@ def test_session_page_shows_each_turns_credit_and_where_it_came_from(client: htt
         i: (c["turn"], _text(c["reward"]), _text(c["level"]), c["origin"]) for i, c in cells.items()
     }
     assert got == {
-        "i0": ("0", "-0.5", "interaction", "next_turn"),
+        "i0": ("0", "-0.5", "interaction", "next_turn, next_turn_rules"),
         "i1": ("1", "0.45", "session · discount 0.9", "judge"),
         "i2": ("2", "1", "interaction", "user"),
     }
@@ -175,6 +178,9 @@ def test_session_page_shows_each_turns_credit_and_where_it_came_from(client: htt
     assert str(escape(RATIONALE)) in rows["i1"]
     assert "<script>" not in page and "<b>answer</b>" not in page
     assert "the user corrected it" in rows["i0"] and "next turn: correction" in rows["i0"]
+    # the rules' rating beside the judge's, each origin explained on hover
+    assert "rules:next_turn" in rows["i0"] and "(cue: &#34;no&#34;)" in rows["i0"]
+    assert 'title="the rules reading the user&#39;s next message">next_turn_rules</b>' in rows["i0"]
     assert "alice" in rows["i2"] and "rationale" not in rows["i2"]
     # the hint the teacher saw, beside the credit, escaped; the other turns have none
     assert str(escape(HINT)) in cells["i2"]["hint"] and "<i>please</i>" not in page
@@ -189,7 +195,7 @@ def test_session_page_shows_each_turns_credit_and_where_it_came_from(client: htt
     assert [t["interaction_id"] for t in turns] == list(rows)
     assert [t["level"] for t in turns] == ["interaction", "session", "interaction"]
     assert turns[1]["discount"] == pytest.approx(0.9)
-    assert [t["origins"] for t in turns] == [["next_turn"], ["judge"], ["user"]]
+    assert [t["origins"] for t in turns] == [["next_turn", "next_turn_rules"], ["judge"], ["user"]]
     assert [[h["text"] for h in t["hints"]] for t in turns] == [[], [], [HINT]]
     assert turns[2]["hints"][0] == {
         "run_id": "run_h",

@@ -24,6 +24,7 @@ from tests.grants import grant, judge_spec
 from tests.rows import interaction, session
 from trainer import judge
 from trainer.hooks import run_verifiers
+from trainer.next_turn import run_next_turn
 
 MODEL = "openai/judge-test"
 _MP: list[pytest.MonkeyPatch] = []
@@ -247,6 +248,15 @@ def _turn(sid: str, seq: int, messages: list[dict[str, Any]], text: str) -> Any:
     return interaction(f"{sid}-{seq}", sid, seq, text, request={"messages": messages})
 
 
+def _arrived(factory: Any, sid: str) -> list[dict[str, Any]]:
+    """The next-turn task for each turn of the session, in order, as the gateway enqueues
+    them when each turn is recorded (trainer/next_turn.py)."""
+    with factory() as db:
+        q = select(InteractionRow.id).where(InteractionRow.session_id == sid)
+        ids = list(db.scalars(q.order_by(InteractionRow.seq)).all())
+    return [fb for i in ids for fb in run_next_turn(factory, sid, i)]
+
+
 def test_next_turn_classifies_the_users_next_message(factory: Any, mock: Any) -> None:
     _project(factory, mode="next_turn")
     u0 = {"role": "user", "content": "What is 2+2?"}
@@ -273,7 +283,8 @@ def test_next_turn_classifies_the_users_next_message(factory: Any, mock: Any) ->
         '{"label": "correction", "rationale": "user fixed the sum"}',
         '{"label": "new_topic", "rationale": "weather"}',
     )
-    out = run_verifiers(factory, "s")
+    assert run_verifiers(factory, "s") == [] and m.calls == []  # not at the close
+    out = _arrived(factory, "s")
     assert len(m.calls) == 3 and len(out) == 2
     assert "Thanks! And 3+3?" in m.calls[0]["messages"][-1]["content"]
     assert "No, 3+3 is 6." in m.calls[1]["messages"][-1]["content"]
@@ -297,7 +308,8 @@ def test_next_turn_complaint_and_anthropic_shape(factory: Any, mock: Any) -> Non
     ]
     _add(factory, "s", *turns)
     m = mock('{"label": "Complaint", "rationale": "frustrated"}')
-    run_verifiers(factory, "s")
+    _arrived(factory, "s")
+    assert _arrived(factory, "s") == [] and len(m.calls) == 1  # a redelivery: judged once
     assert "nothing changed" in m.calls[0]["messages"][-1]["content"]
     (fb,) = _feedback(factory)
     assert (fb.target_id, fb.reward, fb.rationale) == ("s-0", -1.0, "frustrated")
@@ -474,7 +486,7 @@ def test_where_each_turns_credit_came_from(factory: Any, mock: Any) -> None:
     mock(
         '{"label": "correction", "rationale": "the user corrected 5 to 4"}', *['{"label": "x"}'] * 3
     )
-    run_verifiers(factory, "s")  # the second answer is unparsable (retries 2, then skipped)
+    _arrived(factory, "s")  # the second answer is unparsable (retries 2, then skipped)
     row, _ = store_feedback(
         factory,
         FeedbackInput("session", "s", 1, "binary", None, None, 1.0, rater="alice"),
