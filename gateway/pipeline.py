@@ -27,11 +27,12 @@ from gateway.generation import (
     engine_completion,
     engine_payload,
     interaction_record,
+    is_cut_forced,
     keep_streamed_ids,
 )
 from gateway.metrics import Metrics
 from gateway.output_limit import output_limit
-from gateway.parsing import TOOL_PARSERS, StreamingParser
+from gateway.parsing import TOOL_PARSERS, StreamDelta, StreamingParser
 from gateway.recorder import Recorder
 from gateway.redaction import RedactionPolicy
 from gateway.render_pool import RenderPool
@@ -257,8 +258,11 @@ class Pipeline:
                                 **prompt,
                             )
                         )
-            tail = parser.feed("", final=True)
             done = self._completion(prep, index, reader.output())
+            if is_cut_forced(prep, done.finish_reason):  # the cut call, never its markup
+                tail = StreamDelta(tool_calls=done.tool_calls[len(parser.calls) :])
+            else:
+                tail = parser.feed("", final=True)
             keep_streamed_ids(done, parser.calls)
             await queue.put(
                 StreamEvent(

@@ -58,7 +58,7 @@ class _Blocks:
 
     def tool(self, call: ToolCallOut) -> list[bytes]:
         out = self.start({"type": "tool_use", "id": call.id, "name": call.name, "input": {}})
-        partial = json.dumps(tool_input(call.arguments))
+        partial = json.dumps(tool_input(call.arguments, call.cut))
         out.append(_delta(self.index, {"type": "input_json_delta", "partial_json": partial}))
         out.append(_event({"type": "content_block_stop", "index": self.index}))
         return out
