@@ -190,7 +190,8 @@ def test_anthropic_messages(gw: Stack) -> None:
     (block,) = m.content
     assert (block.type, block.name) == ("tool_use", "get_time")  # type: ignore[union-attr]
     zone = block.input.get("zone")  # type: ignore[union-attr]
-    assert set(block.input) <= {"zone"} and (zone is None or "UTC".startswith(zone) or "CET".startswith(zone))  # type: ignore[union-attr]
+    assert set(block.input) <= {"zone"}  # type: ignore[union-attr]
+    assert zone is None or "UTC".startswith(zone) or "CET".startswith(zone)
     _recorded_cut(gw, m.id, block.id)  # type: ignore[union-attr]
 
     with c.messages.stream(**kw) as s:
@@ -214,8 +215,8 @@ FRAME = '<tool_call>\n{"name": "get_time", "arguments": '
     [
         (FRAME + '{"zone": "U', [TIME], [("get_time", '{"zone": "U', True)]),
         (FRAME + '{"zone": "UTC"}}\n</tool', [TIME], [("get_time", '{"zone": "UTC"}', False)]),
-        ("<tool_call>\n{\"na", [TIME], [("get_time", "", True)]),
-        ("<tool_call>\n{\"na", [TIME, WEATHER], []),  # no name yet, two tools: nothing
+        ('<tool_call>\n{"na', [TIME], [("get_time", "", True)]),
+        ('<tool_call>\n{"na', [TIME, WEATHER], []),  # no name yet, two tools: nothing
         (
             FRAME + '{"zone": "UTC"}}\n</tool_call>\n' + FRAME + '{"zo',
             [TIME, WEATHER],
@@ -231,7 +232,8 @@ def test_cut_calls_reads_the_frames(text: str, tools: list[Tool], want: list[Any
 
 
 def test_cut_calls_llama3_json() -> None:
-    text = '{"name": "get_time", "parameters": {"zone": "UTC"}};{"name": "get_time", "parameters": {"z'
+    call = '{"name": "get_time", "parameters": '
+    text = call + '{"zone": "UTC"}};' + call + '{"z'
     got = cut_calls(text, "llama3_json", [TIME])
     assert [(c.arguments, c.cut) for c in got] == [('{"zone": "UTC"}', False), ('{"z', True)]
 

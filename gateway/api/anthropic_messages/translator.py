@@ -341,9 +341,8 @@ def content_blocks(c: Completion) -> list[dict[str, Any]]:
     if c.content:
         blocks.append({"type": "text", "text": c.content})
     for t in c.tool_calls:
-        blocks.append(
-            {"type": "tool_use", "id": t.id, "name": t.name, "input": tool_input(t.arguments, t.cut)}
-        )
+        block = {"type": "tool_use", "id": t.id, "name": t.name}
+        blocks.append({**block, "input": tool_input(t.arguments, t.cut)})
     if not blocks:
         blocks.append({"type": "text", "text": ""})
     return blocks
