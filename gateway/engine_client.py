@@ -136,6 +136,16 @@ def _engine_error(resp_status: int, message: str) -> APIError:
     return APIError(503, f"the engine failed (HTTP {resp_status}): {message}")
 
 
+def _cut_stream(e: BaseException) -> APIError:
+    """A stream the engine stopped answering after it began: the connection broke (the
+    engine died, aiohttp's ClientPayloadError) or it went silent past the read timeout.
+    The client's stream ends with this error in its own format (gateway/api/handler.py
+    ``write_stream``) and what was generated is recorded as ``abort``."""
+    if isinstance(e, TimeoutError):
+        return APIError(504, "the engine did not answer in time mid-stream")
+    return APIError(503, f"the engine stopped mid-stream ({e.__class__.__name__}); retry")
+
+
 def _exhausted(last: Exception | None) -> APIError:
     """Every candidate was tried: the adapter was missing, or no engine answered."""
     if isinstance(last, AdapterNotLoaded):
@@ -320,7 +330,14 @@ class EngineClient:
                 if finished:
                     return
                 yield first
-                async for line in _lines(resp.content):
+                lines = _lines(resp.content)
+                while True:
+                    try:
+                        line = await anext(lines)
+                    except StopAsyncIteration:  # closed without its [DONE]: cut short
+                        raise _cut_stream(aiohttp.ServerDisconnectedError()) from None
+                    except _ANY as e:  # the engine died or went silent mid-stream
+                        raise _cut_stream(e) from None
                     try:
                         event = proto.stream_event(line)
                     except proto.EngineRefused as e:  # failed after it began

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from core.errors import APIError
-from gateway.api.anthropic_messages.protocol import message_json, tool_input, usage_json
+from gateway.api.anthropic_messages.protocol import ERRORS, message_json, tool_input, usage_json
 from gateway.api.anthropic_messages.translator import stop_info
 from gateway.api.base import sse_event, token_ids
 from gateway.pipeline import Prepared, StreamEvent
@@ -94,8 +94,9 @@ class MessagesStream:
         return out
 
     def error(self, e: APIError) -> list[bytes]:
-        kind = "overloaded_error" if e.status in (429, 503) else "api_error"
-        return [_event({"type": "error", "error": {"type": kind, "message": e.message}})]
+        """A failure after the stream began: an ``error`` event whose data is the HTTP
+        answer's body (Anthropic's error format, the one status-to-type table)."""
+        return [_event(ERRORS.body(e))]
 
     def close(self, finished: list[Completion]) -> list[bytes]:
         if not finished:  # pragma: no cover - the pipeline always ends with a final event
