@@ -86,14 +86,16 @@ async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
         yield b"".join(parts)
 
 
-async def _first_event(resp: aiohttp.ClientResponse) -> Any:
-    """The first chunk of a 200 event stream, or proto.DONE; an error event raises
-    proto.EngineRefused."""
-    async for line in _lines(resp.content):
+async def _first_event(resp: aiohttp.ClientResponse) -> tuple[Any, AsyncIterator[bytes]]:
+    """The first chunk of a 200 event stream (or proto.DONE) and the stream's lines after
+    it (the same reader: a network read that brought the first chunk may bring more, even
+    the ``[DONE]``); an error event raises proto.EngineRefused."""
+    lines = _lines(resp.content)
+    async for line in lines:
         event = proto.stream_event(line)
         if event is not None:
-            return event
-    return proto.DONE
+            return event, lines
+    return proto.DONE, lines
 
 
 @dataclass
@@ -322,7 +324,7 @@ class EngineClient:
         aborts the request; an explicit /abort_request is sent as well.
         """
         payload = {**payload, "stream": True}
-        async with self._exchange(payload, affinity) as (slot, first, resp):
+        async with self._exchange(payload, affinity) as (slot, (first, lines), resp):
             finished = first is proto.DONE
 
             async def chunks() -> AsyncIterator[dict[str, Any]]:
@@ -330,7 +332,6 @@ class EngineClient:
                 if finished:
                     return
                 yield first
-                lines = _lines(resp.content)
                 while True:
                     try:
                         line = await anext(lines)

@@ -392,7 +392,12 @@ class Pipeline:
         still to be sent, committed: every id it names is then readable on every replica
         (bounded by ``commit_wait_s``, never held while the database is unreachable).
         Called for a finished call or stream, an aborted stream (``answer=False``: the
-        client is gone) and a batch of prompts (gateway.api.openai_completions.prompt_batch)."""
+        client is gone) and a batch of prompts (gateway.api.openai_completions.prompt_batch).
+        A call that generates nothing (``max_tokens: 0``: Completions' ``echo`` scoring a
+        prompt) is not recorded: there is no model turn, nothing to train on."""
+        calls = [(prep, cs) for prep, cs in calls if prep.limit.tokens > 0]
+        if not calls:
+            return
         records = [r for prep, cs in calls for r in self._records(prep, cs)]
         prep = calls[0][0]
         # data protection: the one place records are redacted before storage
