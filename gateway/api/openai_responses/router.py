@@ -40,6 +40,13 @@ class Responses(ApiHandler):
         """A ``previous_response_id`` continues a stored response (``store.py``); a
         ``conversation`` continues its items, and its turns are one session."""
         call = self.call
+        if isinstance(call.body, dict) and isinstance(call.body.get("input"), list):
+            call.body = {
+                **call.body,
+                "input": await conversations.resolve_references(
+                    call.request, call.principal, call.body["input"], "input"
+                ),
+            }
         parsed = translator.parse(call.body)
         history: list[Message] = []
         hint = self.session_header()
