@@ -180,9 +180,9 @@ class Scheduler:
         later: list[Request] = []
         while self._waiting and len(self._running) + len(batch) < self.max_running:
             req = self._waiting.popleft()
-            if req.params.max_new_tokens == 0:
+            if req.params.max_new_tokens == 0 and req.logprob_start_len < 0:
                 self._finish(req, {"type": "length", "length": 0, "matched": None})
-                continue
+                continue  # nothing to compute (with the prompt's logprobs: prefilled)
             try:
                 shared, donor = (
                     self.prefix.best_donor(req, self._running) if self.prefix else (0, None)
@@ -233,7 +233,10 @@ class Scheduler:
                 self._finish(req, _abort("internal engine error during prefill"))
             return
         for req, tok in zip(reqs, sampled, strict=True):
-            self._accept(req, tok)
+            if req.params.max_new_tokens == 0:  # only the prompt's logprobs were asked for
+                self._finish(req, {"type": "length", "length": 0, "matched": None})
+            else:
+                self._accept(req, tok)
 
     def _decode_step(self) -> None:
         running = self._running

@@ -89,14 +89,16 @@ async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
         yield b"".join(parts)
 
 
-async def _first_event(resp: aiohttp.ClientResponse) -> Any:
-    """The first chunk of a 200 event stream, or proto.DONE; an error event raises
-    proto.EngineRefused."""
-    async for line in _lines(resp.content):
+async def _first_event(resp: aiohttp.ClientResponse) -> tuple[Any, AsyncIterator[bytes]]:
+    """The first chunk of a 200 event stream (or proto.DONE) and the stream's lines after
+    it (the same reader: a network read that brought the first chunk may bring more, even
+    the ``[DONE]``); an error event raises proto.EngineRefused."""
+    lines = _lines(resp.content)
+    async for line in lines:
         event = proto.stream_event(line)
         if event is not None:
-            return event
-    return proto.DONE
+            return event, lines
+    return proto.DONE, lines
 
 
 @dataclass
@@ -140,6 +142,16 @@ def _engine_error(resp_status: int, message: str) -> APIError:
     if 400 <= resp_status < 500:
         return APIError(400, f"the engine rejected the request: {message}")
     return APIError(503, f"the engine failed (HTTP {resp_status}): {message}")
+
+
+def _cut_stream(e: BaseException) -> APIError:
+    """A stream the engine stopped answering after it began: the connection broke (the
+    engine died, aiohttp's ClientPayloadError) or it went silent past the read timeout.
+    The client's stream ends with this error in its own format (gateway/api/handler.py
+    ``write_stream``) and what was generated is recorded as ``abort``."""
+    if isinstance(e, TimeoutError):
+        return APIError(504, "the engine did not answer in time mid-stream")
+    return APIError(503, f"the engine stopped mid-stream ({e.__class__.__name__}); retry")
 
 
 def _exhausted(last: Exception | None) -> APIError:
@@ -332,7 +344,7 @@ class EngineClient:
         aborts the request; an explicit /abort_request is sent as well.
         """
         payload = {**payload, "stream": True}
-        async with self._exchange(payload, affinity, project) as (slot, first, resp):
+        async with self._exchange(payload, affinity, project) as (slot, (first, lines), resp):
             finished = first is proto.DONE
 
             async def chunks() -> AsyncIterator[dict[str, Any]]:
@@ -340,7 +352,13 @@ class EngineClient:
                 if finished:
                     return
                 yield first
-                async for line in _lines(resp.content):
+                while True:
+                    try:
+                        line = await anext(lines)
+                    except StopAsyncIteration:  # closed without its [DONE]: cut short
+                        raise _cut_stream(aiohttp.ServerDisconnectedError()) from None
+                    except _ANY as e:  # the engine died or went silent mid-stream
+                        raise _cut_stream(e) from None
                     try:
                         event = proto.stream_event(line)
                     except proto.EngineRefused as e:  # failed after it began

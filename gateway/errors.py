@@ -41,8 +41,13 @@ class ErrorFormat:
     fallback: str  # the type of a status ``types`` does not list
     shape: Callable[[str, APIError], dict[str, Any]]
 
+    def kind(self, status: int) -> str:
+        """The error ``type`` of ``status``: the one table for HTTP errors and the error
+        events that end a stream alike (each API's stream writer reads it)."""
+        return self.types.get(status, self.fallback)
+
     def body(self, err: APIError) -> dict[str, Any]:
-        return self.shape(self.types.get(err.status, self.fallback), err)
+        return self.shape(self.kind(err.status), err)
 
 
 def _openai_shape(kind: str, err: APIError) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from core import engine_protocol as proto
 from core.errors import APIError
 from gateway.auth import Principal
 from gateway.custom_tools import custom_names
+from gateway.cut_calls import cut_calls
 from gateway.output_limit import OutputLimit
 from gateway.parsing import parse_output
 from gateway.request import Completion, GenerationRequest, Message, ToolCallOut
@@ -104,10 +105,13 @@ def engine_completion(
         got = out if isinstance(out, proto.Output) else proto.read_output(out)
     except proto.BadAnswer as e:
         raise APIError(503, str(e)) from None
-    content, thought, calls = parse_output(
-        got.text, parser, reasoning, custom_names(prep.req.tools)
-    )
     fr = got.finish_reason or "stop"
+    if is_cut_forced(prep, fr) and parser:  # its calls as calls, the cut one marked cut
+        content, thought, calls = None, None, cut_calls(got.text, parser, prep.req.tools)
+    else:
+        content, thought, calls = parse_output(
+            got.text, parser, reasoning, custom_names(prep.req.tools)
+        )
     if calls and fr == "stop":
         fr = "tool_calls"
     return Completion(
@@ -125,6 +129,11 @@ def engine_completion(
         prompt_logprobs=got.prompt_logprobs,
         prompt_top=got.prompt_top,
     )
+
+
+def is_cut_forced(prep: Prepared, finish_reason: str | None) -> bool:
+    """A forced turn (gateway/forced_tools.py) that its output limit cut."""
+    return prep.forced_tools is not None and finish_reason == "length"
 
 
 def aborted_completion(prep: Prepared, index: int, state: proto.StreamReader) -> Completion:
@@ -154,9 +163,14 @@ def output_json(c: Completion) -> dict[str, Any]:
 
 def stored_call(t: ToolCallOut) -> dict[str, Any]:
     """A tool call as ``interactions.output`` stores it; a custom call's input is its
-    ``arguments``, marked ``"type": "custom"``."""
-    out = {"id": t.id, "name": t.name, "arguments": t.arguments}
-    return {**out, "type": "custom"} if t.custom else out
+    ``arguments``, marked ``"type": "custom"``; one cut by the output limit (a forced
+    turn's last, gateway/cut_calls.py) is marked ``"cut": true``."""
+    out: dict[str, Any] = {"id": t.id, "name": t.name, "arguments": t.arguments}
+    if t.custom:
+        out["type"] = "custom"
+    if t.cut:
+        out["cut"] = True
+    return out
 
 
 def read_stored_call(d: dict[str, Any]) -> ToolCallOut:
@@ -166,6 +180,7 @@ def read_stored_call(d: dict[str, Any]) -> ToolCallOut:
         str(d.get("name", "")),
         str(d.get("arguments", "{}")),
         custom=d.get("type") == "custom",
+        cut=d.get("cut") is True,
     )
 
 
@@ -212,9 +227,9 @@ def interaction_record(
 def keep_streamed_ids(done: Completion, streamed: list[ToolCallOut]) -> None:
     """The streamed calls' ids on the finished choice (both parse the same text; the
     whole-text parse minted new ids): the ids the client was sent are the ones recorded,
-    answered in ``response.completed`` and looked up by ``previous_response_id``."""
-    if [(c.name, c.arguments) for c in streamed] == [
-        (c.name, c.arguments) for c in done.tool_calls
-    ]:
-        for sent, call in zip(streamed, done.tool_calls, strict=True):
+    answered in ``response.completed`` and looked up by ``previous_response_id``. The
+    streamed calls may be the first of them only: a cut call is sent at the end."""
+    head = done.tool_calls[: len(streamed)]
+    if [(c.name, c.arguments) for c in streamed] == [(c.name, c.arguments) for c in head]:
+        for sent, call in zip(streamed, head, strict=True):
             call.id = sent.id

@@ -27,11 +27,12 @@ from gateway.generation import (
     engine_completion,
     engine_payload,
     interaction_record,
+    is_cut_forced,
     keep_streamed_ids,
 )
 from gateway.metrics import Metrics
 from gateway.output_limit import output_limit
-from gateway.parsing import TOOL_PARSERS, StreamingParser
+from gateway.parsing import TOOL_PARSERS, StreamDelta, StreamingParser
 from gateway.recorder import Recorder
 from gateway.redaction import RedactionPolicy
 from gateway.render_pool import RenderPool
@@ -263,8 +264,11 @@ class Pipeline:
                                 **prompt,
                             )
                         )
-            tail = parser.feed("", final=True)
             done = self._completion(prep, index, reader.output())
+            if is_cut_forced(prep, done.finish_reason):  # the cut call, never its markup
+                tail = StreamDelta(tool_calls=done.tool_calls[len(parser.calls) :])
+            else:
+                tail = parser.feed("", final=True)
             keep_streamed_ids(done, parser.calls)
             await queue.put(
                 StreamEvent(
@@ -394,7 +398,12 @@ class Pipeline:
         still to be sent, committed: every id it names is then readable on every replica
         (bounded by ``commit_wait_s``, never held while the database is unreachable).
         Called for a finished call or stream, an aborted stream (``answer=False``: the
-        client is gone) and a batch of prompts (gateway.api.openai_completions.prompt_batch)."""
+        client is gone) and a batch of prompts (gateway.api.openai_completions.prompt_batch).
+        A call that generates nothing (``max_tokens: 0``: Completions' ``echo`` scoring a
+        prompt) is not recorded: there is no model turn, nothing to train on."""
+        calls = [(prep, cs) for prep, cs in calls if prep.limit.tokens > 0]
+        if not calls:
+            return
         records = [r for prep, cs in calls for r in self._records(prep, cs)]
         prep = calls[0][0]
         # data protection: the one place records are redacted before storage

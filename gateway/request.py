@@ -14,6 +14,7 @@ class ToolCallOut:
     name: str
     arguments: str  # JSON text as the model wrote it; a custom call's free-form input
     custom: bool = False  # a call of a custom tool (Responses ``custom_tool_call``)
+    cut: bool = False  # cut by the output limit: its arguments as generated so far
 
 
 @dataclass

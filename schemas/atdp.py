@@ -155,6 +155,11 @@ class ToolCall(BaseModel):
     type: Literal["function", "custom"] = Field(
         "function", description="custom: a call of an OpenAI Responses custom tool"
     )
+    cut: bool = Field(
+        False,
+        description="cut by the output limit (the last call of a forced turn that hit it): "
+        "its arguments are as generated so far, possibly not whole JSON",
+    )
 
 
 class ParsedOutput(BaseModel):

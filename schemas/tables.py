@@ -329,3 +329,16 @@ class ConversationItemRow(Base):
     item: Mapped[dict[str, Any]] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class ResponseDeletionRow(Base):
+    """``DELETE /v1/responses/{id}`` (gateway/api/openai_responses/router.py): the marker
+    that hides a stored response from the API (GET, its input items and
+    ``previous_response_id`` then 404). The interaction record is never touched."""
+
+    __tablename__ = "response_deletions"
+
+    response_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id", ondelete="CASCADE"))
+    api_key_id: Mapped[str | None] = mapped_column(ID)
+    deleted_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -78,6 +78,7 @@ class SGLang:
     api_key: str
     version: str
     log: Path
+    pid: int = 0  # the launcher's process id (its scheduler and detokenizer run under it)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -129,4 +130,4 @@ def sglang_server(log: Path, *extra: str) -> Iterator[SGLang]:
         info = httpx.get(
             f"{proc.url}/get_server_info", headers={"Authorization": f"Bearer {key}"}, timeout=30
         ).json()
-        yield SGLang(proc.url, key, str(info.get("version")), log)
+        yield SGLang(proc.url, key, str(info.get("version")), log, proc.proc.pid)

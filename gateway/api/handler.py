@@ -13,6 +13,7 @@ Each API subclasses ``ApiHandler`` in its ``router.py`` and fills the hooks: ``t
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -29,6 +30,7 @@ from gateway.retries import client_attempt
 from gateway.state import Gateway
 
 Hook = Callable[[list[Completion]], None]
+log = logging.getLogger("rlgate.gateway")
 
 
 class StreamWriter(Protocol):
@@ -92,8 +94,10 @@ async def write_stream(
 ) -> AsyncIterator[bytes]:
     """The body of a stream: the writer's bytes for each event; after the last event, the
     pipeline records the choices (``Pipeline.finish_stream``, then ``on_recorded``) before
-    the writer's end is sent. An APIError while generating ends the stream with the
-    writer's error event (what was generated is recorded as ``abort`` by the pipeline)."""
+    the writer's end is sent. Any failure after the first byte (the engine died
+    mid-stream, the record could not be made) ends the stream with the writer's error
+    event in the client's own format and its terminator (``stream_failure``); what was
+    generated is recorded as ``abort`` by the pipeline."""
     for chunk in writer.start():
         yield chunk
     finished: list[Completion] = []
@@ -104,18 +108,28 @@ async def write_stream(
                     yield chunk
                 if ev.finished:
                     finished.append(ev.finished)
-    except APIError as e:
-        for chunk in writer.error(e):
+        finished.sort(key=lambda c: c.index)
+        for chunk in writer.close(finished):
+            yield chunk
+        if not finished:  # pragma: no cover - the pipeline always ends with a final event
+            return
+        await pipeline.finish_stream(prep, finished, on_recorded)
+    except Exception as e:  # noqa: BLE001 - every failure ends the stream in its format
+        for chunk in writer.error(stream_failure(e)):
             yield chunk
         return
-    finished.sort(key=lambda c: c.index)
-    for chunk in writer.close(finished):
-        yield chunk
-    if not finished:  # pragma: no cover - the pipeline always ends with a final event
-        return
-    await pipeline.finish_stream(prep, finished, on_recorded)
     for chunk in writer.end(finished):
         yield chunk
+
+
+def stream_failure(e: Exception) -> APIError:
+    """The error that ends a stream failing after its first byte: an APIError as it is
+    (the engine client names a broken engine stream one, a 503); anything else is a 500
+    that says so, and is logged with its traceback."""
+    if isinstance(e, APIError):
+        return e
+    log.error("a stream failed after it began", exc_info=e)
+    return APIError(500, f"the gateway failed mid-stream ({e.__class__.__name__}); retry")
 
 
 @dataclass

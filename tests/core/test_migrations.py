@@ -28,6 +28,7 @@ TABLES = {
     "verify_leases",
     "conversations",
     "conversation_items",
+    "response_deletions",
     "run_hints",
 }
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations" / "versions"

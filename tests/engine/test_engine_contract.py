@@ -105,6 +105,19 @@ def test_prompt_logprobs_from_logprob_start_len(target: Target, hf_model) -> Non
         assert tid in dict(pos) or lp <= pos[1][1] + 1e-4
 
 
+def test_prompt_logprobs_without_generating(target: Target) -> None:
+    """``max_new_tokens`` 0 with ``logprob_start_len`` 0 (how /v1/completions scores a
+    prompt: ``echo`` with ``max_tokens: 0``) returns the prompt's logprobs and no tokens
+    (streamed: tests/gateway/test_completions_scoring.py)."""
+    zero = proto.Sampling(max_new_tokens=0, temperature=0.0)
+    with _engine(target) as e:
+        out = _one(e, zero, logprob_start_len=0)
+    assert out.ids == [] and out.finish_reason == "length"
+    lps = out.prompt_logprobs
+    assert lps is not None and len(lps) == len(PROMPT) and lps[0] is None
+    assert all(lp is not None and lp <= 0 for lp in lps[1:])
+
+
 def test_seed_is_accepted(target: Target) -> None:
     """rlgate sends a client's seed as ``sampling_seed``; SGLang refuses ``seed`` (400)."""
     seeded = proto.Sampling(max_new_tokens=3, temperature=1.0, seed=1234)

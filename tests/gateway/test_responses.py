@@ -305,7 +305,6 @@ BAD = [
     ({"input": OK, "temperature": 5}, "temperature"),
     ({"input": OK, "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": [{"role": "wizard", "content": "x"}]}, "role"),
-    ({"input": [{"type": "item_reference", "id": "x"}]}, "item_reference"),
     (
         {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
         "text only",

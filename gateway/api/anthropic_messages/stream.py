@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from core.errors import APIError
-from gateway.api.anthropic_messages.protocol import message_json, tool_input, usage_json
+from gateway.api.anthropic_messages.protocol import ERRORS, message_json, tool_input, usage_json
 from gateway.api.anthropic_messages.translator import stop_info
 from gateway.api.base import sse_event, token_ids
 from gateway.pipeline import Prepared, StreamEvent
@@ -58,7 +58,7 @@ class _Blocks:
 
     def tool(self, call: ToolCallOut) -> list[bytes]:
         out = self.start({"type": "tool_use", "id": call.id, "name": call.name, "input": {}})
-        partial = json.dumps(tool_input(call.arguments))
+        partial = json.dumps(tool_input(call.arguments, call.cut))
         out.append(_delta(self.index, {"type": "input_json_delta", "partial_json": partial}))
         out.append(_event({"type": "content_block_stop", "index": self.index}))
         return out
@@ -94,8 +94,9 @@ class MessagesStream:
         return out
 
     def error(self, e: APIError) -> list[bytes]:
-        kind = "overloaded_error" if e.status in (429, 503) else "api_error"
-        return [_event({"type": "error", "error": {"type": kind, "message": e.message}})]
+        """A failure after the stream began: an ``error`` event whose data is the HTTP
+        answer's body (Anthropic's error format, the one status-to-type table)."""
+        return [_event(ERRORS.body(e))]
 
     def close(self, finished: list[Completion]) -> list[bytes]:
         if not finished:  # pragma: no cover - the pipeline always ends with a final event

@@ -320,10 +320,10 @@ def stop_info(prep: Prepared, c: Completion, tokenizer: Any) -> tuple[str, str |
     ``model_context_window_exceeded``, a cut by the gateway's RLGATE_DEFAULT_MAX_TOKENS is
     ``end_turn`` (Claude Code treats both others as a failed turn; the record keeps
     finish_reason ``length``), as Responses reports ``completed`` then."""
+    if c.finish_reason == "length":  # a forced turn's cut call too (gateway/cut_calls.py)
+        return _LENGTH_REASONS[prep.limit.by], None
     if c.tool_calls:
         return "tool_use", None
-    if c.finish_reason == "length":
-        return _LENGTH_REASONS[prep.limit.by], None
     stops = prep.req.sampling.stop
     if stops and c.output_ids and c.output_ids[-1] != tokenizer.eos_token_id:
         # the engine trims the matched stop string from the text, the ids keep it
@@ -341,9 +341,8 @@ def content_blocks(c: Completion) -> list[dict[str, Any]]:
     if c.content:
         blocks.append({"type": "text", "text": c.content})
     for t in c.tool_calls:
-        blocks.append(
-            {"type": "tool_use", "id": t.id, "name": t.name, "input": tool_input(t.arguments)}
-        )
+        block = {"type": "tool_use", "id": t.id, "name": t.name}
+        blocks.append({**block, "input": tool_input(t.arguments, t.cut)})
     if not blocks:
         blocks.append({"type": "text", "text": ""})
     return blocks

@@ -9,8 +9,11 @@ from core.errors import APIError
 from gateway.api.base import sse_data, token_ids
 from gateway.api.openai_chat.protocol import calls_usage, chunk_choice, tool_call_json
 from gateway.api.openai_chat.translator import logprobs_content
+from gateway.errors import OPENAI
 from gateway.pipeline import Prepared, StreamEvent
 from gateway.request import Completion
+
+DONE = b"data: [DONE]\n\n"  # the terminator of OpenAI's chunk streams
 
 
 class OpenAIStream:
@@ -31,9 +34,9 @@ class OpenAIStream:
         return sse_data({**self.base, "choices": list(choices), **extra})
 
     def error(self, e: APIError) -> list[bytes]:
-        return [
-            sse_data({"error": {"message": e.message, "type": "server_error", "code": e.status}})
-        ]
+        """A failure after the stream began: the error as an HTTP answer's body would be
+        (the gateway's error format, the one status-to-type table), then ``[DONE]``."""
+        return [sse_data(OPENAI.body(e)), DONE]
 
     def close(self, finished: list[Completion]) -> list[bytes]:
         return []
@@ -41,7 +44,7 @@ class OpenAIStream:
     def tail(self, include_usage: bool, calls: list[tuple[int, list[Completion]]]) -> list[bytes]:
         """The end: a usage chunk of ``calls`` (prompt tokens, choices) if asked, [DONE]."""
         usage = [self._chunk(usage=calls_usage(calls))] if include_usage else []
-        return [*usage, b"data: [DONE]\n\n"]
+        return [*usage, DONE]
 
 
 class ChatStream(OpenAIStream):

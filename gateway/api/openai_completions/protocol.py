@@ -18,7 +18,8 @@ class CompletionRequest(Loose):
     model: str = "rlgate-policy"
     prompt: Any = Field(...)
     suffix: str | None = None
-    max_tokens: int | None = Field(DEFAULT_MAX_TOKENS, ge=1)
+    # 0: nothing generated (with ``echo``: the prompt, and its logprobs, scored)
+    max_tokens: int | None = Field(DEFAULT_MAX_TOKENS, ge=0)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)  # vLLM's and SGLang's
@@ -32,8 +33,8 @@ class CompletionRequest(Loose):
     seed: int | None = None
     user: str | None = None
     metadata: dict[str, Any] | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     return_token_ids: bool = False
 

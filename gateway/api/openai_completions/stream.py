@@ -11,6 +11,7 @@ from typing import Any
 
 from core.errors import APIError
 from gateway.api.base import token_ids
+from gateway.api.handler import stream_failure
 from gateway.api.openai_chat.stream import OpenAIStream
 from gateway.api.openai_completions import prompt_batch
 from gateway.api.openai_completions.protocol import choice_json
@@ -93,8 +94,9 @@ async def body(
     pipeline: Pipeline, opened: list[prompt_batch.Opened], writer: CompletionStream
 ) -> AsyncIterator[bytes]:
     """The stream of every prompt's events; once all are finished, the batch is recorded
-    as one unit (``record_many``) before usage and ``[DONE]`` are sent. An APIError ends
-    the stream with an error event and nothing of a batch recorded."""
+    as one unit (``record_many``) before usage and ``[DONE]`` are sent. Any failure ends
+    the stream with an error chunk and ``[DONE]`` (handler.py ``stream_failure``); one
+    prompt's partial answer is recorded as ``abort``, nothing of a batch of prompts."""
     for chunk in writer.start():
         yield chunk
     finished: list[list[Completion]] = [[] for _ in writer.preps]
@@ -105,12 +107,12 @@ async def body(
                     yield chunk
                 if ev.finished:
                     finished[k].append(ev.finished)
-    except APIError as e:
-        for chunk in writer.error(e):
+        for cs in finished:
+            cs.sort(key=lambda c: c.index)
+        await pipeline.record_many(list(zip(writer.preps, finished, strict=True)))
+    except Exception as e:  # noqa: BLE001 - every failure ends the stream in its format
+        for chunk in writer.error(stream_failure(e)):
             yield chunk
         return
-    for cs in finished:
-        cs.sort(key=lambda c: c.index)
-    await pipeline.record_many(list(zip(writer.preps, finished, strict=True)))
     for chunk in writer.end(finished):
         yield chunk

@@ -60,6 +60,8 @@ def _sampling(req: CompletionRequest) -> Sampling:
         n=req.n,
         logprobs=req.logprobs is not None,
         top_logprobs=req.logprobs or 0,
+        frequency_penalty=req.frequency_penalty or 0.0,  # a penalized sample is never
+        presence_penalty=req.presence_penalty or 0.0,  # trained (trainer/data.py)
     )
 
 
@@ -74,9 +76,6 @@ def _refuse(req: CompletionRequest) -> None:
         raise bad_request("best_of is not supported; drop it (or set it equal to n)", "best_of")
     if req.logit_bias:
         raise bad_request("logit_bias is not supported; remove it", "logit_bias")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if getattr(req, name):
-            raise bad_request(f"{name} is not supported; remove it or set it to 0", name)
 
 
 def to_internal(body: Any, session_header: str | None) -> list[GenerationRequest]:

@@ -91,10 +91,8 @@ def api_items(raw: Any, where: str, response_id: str | None = None) -> list[dict
         return []
     if not isinstance(raw, (str, list)):
         raise bad_request(f"{where} must be a string or a list of items", where)
-    if isinstance(raw, list) and any(
-        isinstance(i, dict) and i.get("type") == "item_reference" for i in raw
-    ):
-        raise bad_request(f"{where}: item_reference items are not supported; send the item", where)
+    if isinstance(raw, list) and any(is_reference(i) for i in raw):  # resolved before
+        raise bad_request(f"{where}: an item_reference was not resolved", where)
     parse_input(raw, where)  # the same checks as responses.create's input
     items = [{"type": "message", "role": "user", "content": raw}] if isinstance(raw, str) else raw
     out = []
@@ -105,6 +103,42 @@ def api_items(raw: Any, where: str, response_id: str | None = None) -> list[dict
         )
         out.append(shaped(item, item_id))
     return out
+
+
+def is_reference(item: Any) -> bool:
+    return isinstance(item, dict) and item.get("type") == "item_reference"
+
+
+# what ``include`` may name (OpenAI's ``ResponseIncludable``): data of items rlgate never
+# holds (hosted tools' results, images, encrypted reasoning, output text logprobs), so a
+# valid ``include`` adds nothing to the items it answers
+INCLUDABLE = frozenset(
+    {
+        "file_search_call.results",
+        "web_search_call.results",
+        "web_search_call.action.sources",
+        "message.input_image.image_url",
+        "computer_call_output.output.image_url",
+        "code_interpreter_call.outputs",
+        "reasoning.encrypted_content",
+        "message.output_text.logprobs",
+    }
+)
+
+
+def check_include(request: Request) -> frozenset[str]:
+    """The Conversations item routes' ``include`` query values (``include`` or
+    ``include[]``, repeated), each one OpenAI defines; a 400 naming them otherwise."""
+    q = request.query_params
+    values = frozenset(q.getlist("include") + q.getlist("include[]"))
+    unknown = sorted(values - INCLUDABLE)
+    if unknown:
+        raise bad_request(
+            f"include: {', '.join(map(repr, unknown))} is not one of "
+            f"{', '.join(sorted(INCLUDABLE))}",
+            "include",
+        )
+    return values
 
 
 # ---- lists ---------------------------------------------------------------------------

@@ -218,6 +218,17 @@ class ConversationStore:
                 q = q.where(ConversationItemRow.seq < first)
             return list(db.scalars(q.order_by(ConversationItemRow.seq)).all())
 
+    def items_by_id(self, ids: list[str], p: Principal) -> dict[str, dict[str, Any]]:
+        """The items with these ids, of any conversation the caller sees (not deleted):
+        what an ``item_reference`` input item names."""
+        with self.factory() as db:
+            rows = db.execute(
+                select(ConversationItemRow.id, ConversationItemRow.item, ConversationRow)
+                .join(ConversationRow, ConversationRow.id == ConversationItemRow.conversation_id)
+                .where(ConversationItemRow.id.in_(ids), ConversationItemRow.deleted_at.is_(None))
+            ).all()
+            return {iid: item for iid, item, conv in rows if _visible(conv, p)}
+
     def _item(self, db: Session, cid: str, item_id: str) -> ConversationItemRow:
         row = db.scalars(
             select(ConversationItemRow).where(

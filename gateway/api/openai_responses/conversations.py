@@ -11,6 +11,12 @@ once the response is recorded its input items and output items are appended (bef
 answer, or before a stream's ``response.completed``). Its turns form one session: the
 conversation id is the session's external id, as an ``X-Session-Id`` would be, so a
 session-level rating covers every turn.
+
+An ``item_reference`` input item (in ``responses.create``'s input or in items added to a
+conversation) is replaced by the conversation item it names (``resolve_references``): the
+prompt, the record's request and the conversation hold the item itself. The item routes
+take ``include`` as OpenAI defines it (``conversation_items.check_include``: an unknown
+value is a 400); the data it names is none rlgate's items hold, so it adds nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +33,12 @@ from fastapi.responses import Response, StreamingResponse
 
 from core.db import DB_DOWN
 from core.errors import APIError
-from gateway.api.openai_responses.conversation_items import api_items, list_params
+from gateway.api.openai_responses.conversation_items import (
+    api_items,
+    check_include,
+    is_reference,
+    list_params,
+)
 from gateway.api.openai_responses.conversation_store import (
     MAX_ADDED_ITEMS,
     MAX_INITIAL_ITEMS,
@@ -66,6 +77,32 @@ async def _body(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     return body
+
+
+async def resolve_references(request: Request, p: Principal, raw: Any, where: str) -> Any:
+    """``raw`` input with each ``item_reference`` (``{"type": "item_reference", "id"}``)
+    replaced by the conversation item it names, of any conversation the caller sees; a
+    404 naming the reference when there is none. The item comes as stored (the API's
+    shape; an output message or call is read back as the model's turn)."""
+    if not isinstance(raw, list) or not any(is_reference(i) for i in raw):
+        return raw
+    ids = [str(i.get("id")) for i in raw if is_reference(i)]
+    found = await asyncio.to_thread(conversations_of(request).items_by_id, ids, p)
+    out = []
+    for k, item in enumerate(raw):
+        if not is_reference(item):
+            out.append(item)
+            continue
+        iid = item.get("id")
+        if not isinstance(iid, str) or iid not in found:
+            raise APIError(
+                404,
+                f"{where}[{k}] is an item_reference to '{iid}', and no item with that id was "
+                "found in a conversation of this project",
+                param=f"{where}[{k}].id",
+            )
+        out.append(found[iid])
+    return out
 
 
 def _items(body: dict[str, Any], most: int, required: bool) -> list[dict[str, Any]]:
@@ -114,7 +151,11 @@ async def delete_conversation(conversation_id: str, request: Request) -> dict[st
 @router.post("/v1/conversations/{conversation_id}/items")
 async def add_items(conversation_id: str, request: Request) -> dict[str, Any]:
     p = await _caller(request)
-    items = _items(await _body(request), MAX_ADDED_ITEMS, required=True)
+    check_include(request)
+    body = await _body(request)
+    if isinstance(body.get("items"), list):
+        body["items"] = await resolve_references(request, p, body["items"], "items")
+    items = _items(body, MAX_ADDED_ITEMS, required=True)
     store = conversations_of(request)
     items = await asyncio.to_thread(store.add_items, conversation_id, p, items)
     return {
@@ -129,6 +170,7 @@ async def add_items(conversation_id: str, request: Request) -> dict[str, Any]:
 @router.get("/v1/conversations/{conversation_id}/items")
 async def list_items(conversation_id: str, request: Request) -> dict[str, Any]:
     p = await _caller(request)
+    check_include(request)
     params = list_params(request)
     return await asyncio.to_thread(conversations_of(request).items, conversation_id, p, params)
 
@@ -136,6 +178,7 @@ async def list_items(conversation_id: str, request: Request) -> dict[str, Any]:
 @router.get("/v1/conversations/{conversation_id}/items/{item_id}")
 async def get_item(conversation_id: str, item_id: str, request: Request) -> dict[str, Any]:
     p = await _caller(request)
+    check_include(request)
     store = conversations_of(request)
     return await asyncio.to_thread(store.item, conversation_id, item_id, p)
 

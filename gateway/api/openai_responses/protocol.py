@@ -80,7 +80,10 @@ def reasoning_item(item_id: str, text: str) -> dict[str, Any]:
 def call_item(
     item_id: str, call: ToolCallOut, status: str = "completed", ns: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    """A ``function_call`` item, or a ``custom_tool_call`` for a custom call."""
+    """A ``function_call`` item, or a ``custom_tool_call`` for a custom call; one cut by
+    the output limit (gateway/cut_calls.py) is ``incomplete``, its arguments as cut."""
+    if call.cut and status == "completed":
+        status = "incomplete"
     if call.custom:
         return {
             "type": "custom_tool_call",

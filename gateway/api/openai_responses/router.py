@@ -1,5 +1,5 @@
-"""OpenAI Responses routes: ``POST /v1/responses``, ``GET /v1/responses/{id}``,
-``GET /v1/responses/{id}/input_items``; the Conversations API's routes are
+"""OpenAI Responses routes: ``POST /v1/responses``, ``GET`` and ``DELETE
+/v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``; the Conversations API's routes are
 ``conversations.py``'s, included here.
 
 A feedback key cannot read responses (403); what else may be read or continued is
@@ -8,17 +8,17 @@ A feedback key cannot read responses (403); what else may be read or continued i
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from core.errors import APIError
 from gateway.api.base import require_model_key
 from gateway.api.handler import ApiHandler, Hook, StreamWriter
 from gateway.api.openai_responses import conversations, translator
 from gateway.api.openai_responses.conversation_items import api_items, list_params, page_of
-from gateway.api.openai_responses.store import store_of, visible
+from gateway.api.openai_responses.store import gone, store_of, visible
 from gateway.api.openai_responses.stream import ResponsesStream
 from gateway.auth import require_kind
 from gateway.generation import output_json
@@ -26,7 +26,7 @@ from gateway.pipeline import Prepared
 from gateway.request import Completion, GenerationRequest, Message
 from gateway.request_context import gw_of, principal
 from gateway.waits import locate
-from schemas.tables import InteractionRow
+from schemas.tables import InteractionRow, ResponseDeletionRow
 
 router = APIRouter()
 router.routes.extend(conversations.router.routes)  # one router: its paths are the API's
@@ -40,6 +40,13 @@ class Responses(ApiHandler):
         """A ``previous_response_id`` continues a stored response (``store.py``); a
         ``conversation`` continues its items, and its turns are one session."""
         call = self.call
+        if isinstance(call.body, dict) and isinstance(call.body.get("input"), list):
+            call.body = {
+                **call.body,
+                "input": await conversations.resolve_references(
+                    call.request, call.principal, call.body["input"], "input"
+                ),
+            }
         parsed = translator.parse(call.body)
         history: list[Message] = []
         hint = self.session_header()
@@ -115,6 +122,8 @@ async def _stored(request: Request, response_id: str) -> InteractionRow:
 
     def load() -> InteractionRow | None:
         with gw.factory() as db:
+            if db.get(ResponseDeletionRow, response_id) is not None:
+                raise gone(response_id)  # deleted: hidden, the record kept
             row = db.get(InteractionRow, response_id)
             if row is not None:
                 db.expunge(row)
@@ -129,8 +138,19 @@ async def _stored(request: Request, response_id: str) -> InteractionRow:
         or row.request.get("store") is False
         or not response_id.startswith(translator.ID_PREFIX)
     ):
-        raise APIError(404, f"no response with id '{response_id}' was found")
+        raise gone(response_id)
     return row
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, request: Request) -> dict[str, Any]:
+    """Hide a stored response from the API (OpenAI's delete): GET, its input items and
+    ``previous_response_id`` then 404. Records are never rewritten: this writes a marker
+    (``response_deletions``) and the interaction record stays, for training and audit."""
+    row = await _stored(request, response_id)
+    p = await principal(request)
+    await asyncio.to_thread(store_of(request).delete, response_id, row.project_id, p.key_id)
+    return {"id": response_id, "object": "response", "deleted": True}
 
 
 @router.get("/v1/responses/{response_id}/input_items")

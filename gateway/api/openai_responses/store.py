@@ -5,7 +5,9 @@ as sent + parsed output). ``previous_response_id`` rebuilds the conversation by 
 those records back; a response this process answered is found in memory at once, one
 answered by another replica is looked up again briefly (gateway.waits.locate: on the event
 loop, never holding a worker thread). A response of another project, of another session
-(for a per-session key), or one created with ``store: false``, is a 404.
+(for a per-session key), or one created with ``store: false``, is a 404. So is a deleted
+one (``DELETE /v1/responses/{id}``: a ``response_deletions`` marker, the record untouched);
+another replica may still continue one it holds in memory until that memory turns over.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from fastapi import Request
 from sqlalchemy import select
 
+from core.db import transaction
 from core.errors import APIError
 from gateway.api.openai_responses import conversations
 from gateway.api.openai_responses.translator import history_turn
@@ -24,7 +27,7 @@ from gateway.auth import Principal
 from gateway.request import Message
 from gateway.request_context import gw_of
 from gateway.waits import locate
-from schemas.tables import InteractionRow
+from schemas.tables import InteractionRow, ResponseDeletionRow
 
 MAX_CHAIN = 10_000
 
@@ -36,6 +39,11 @@ def visible(p: Principal, project: str, session: str) -> bool:
     """Whether a caller may read or continue a response: its project and, for a
     per-session key, its session."""
     return project == p.project_id and (p.session_id is None or session == p.session_id)
+
+
+def gone(rid: str, param: str | None = None) -> APIError:
+    """The 404 of a response that is not there (never was, another's, or deleted)."""
+    return APIError(404, f"no response with id '{rid}' was found", param=param)
 
 
 class ResponseStore:
@@ -64,8 +72,23 @@ class ResponseStore:
             old, _ = self.recent.popitem(last=False)
             self.bytes -= self._sizes.pop(old, 0)
 
+    def forget(self, rid: str) -> None:
+        """Drop a response from this process's memory (it was deleted)."""
+        if self.recent.pop(rid, None) is not None:
+            self.bytes -= self._sizes.pop(rid, 0)
+
+    def delete(self, rid: str, project: str, key_id: str | None) -> None:
+        """Hide response ``rid`` from the API: a marker row (its record is never
+        touched); synchronous (the route runs it in a thread)."""
+        with transaction(self.factory) as db:
+            if db.get(ResponseDeletionRow, rid) is None:
+                db.add(ResponseDeletionRow(response_id=rid, project_id=project, api_key_id=key_id))
+        self.forget(rid)
+
     def _db_get(self, rid: str) -> Stored | None:
         with self.factory() as db:
+            if db.get(ResponseDeletionRow, rid) is not None:
+                raise gone(rid, "previous_response_id")
             row = db.execute(
                 select(
                     InteractionRow.project_id,
@@ -83,9 +106,7 @@ class ResponseStore:
         if hit is None and rid.startswith("resp_"):
             hit = await locate(http, p.key_id, rid, lambda: self._db_get(rid))
         if hit is None or not visible(p, hit[0], hit[1]):
-            raise APIError(
-                404, f"no response with id '{rid}' was found", param="previous_response_id"
-            )
+            raise gone(rid, "previous_response_id")
         _, _, request, output = hit
         if request.get("store") is False:
             raise APIError(

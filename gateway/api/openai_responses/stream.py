@@ -10,6 +10,7 @@ from core.errors import APIError
 from gateway.api.base import sse_event
 from gateway.api.openai_responses.protocol import call_item, message_item, new_id, reasoning_item
 from gateway.api.openai_responses.translator import namespaces, response_object
+from gateway.errors import OPENAI
 from gateway.pipeline import Prepared, StreamEvent
 from gateway.request import Completion, ToolCallOut
 
@@ -147,8 +148,10 @@ class ResponsesStream:
         return out
 
     def error(self, e: APIError) -> list[bytes]:
+        """A failure after the stream began: ``response.failed``, its error's ``code`` the
+        type an HTTP answer would have (the gateway's error format, the one table)."""
         failed = self._response("failed")
-        failed["error"] = {"code": "server_error", "message": e.message}
+        failed["error"] = {"code": OPENAI.kind(e.status), "message": e.message}
         return [self.items.ev("response.failed", response=failed)]
 
     def close(self, finished: list[Completion]) -> list[bytes]:
