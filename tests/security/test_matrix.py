@@ -33,7 +33,7 @@ from core.migrate import upgrade
 from core.settings import get_settings
 from schemas.coltypes import utcnow
 from schemas.convert import to_row
-from schemas.tables import AuditEventRow, FeedbackRow, ProjectRow
+from schemas.tables import AuditEventRow, FeedbackRow, ProjectRow, SessionRow
 from tests.rows import interaction, session
 from tests.security.listener import Listener
 from tests.servers import REPO, free_port, gateway
@@ -209,6 +209,57 @@ def test_session_metadata_cannot_choose_or_configure_a_verifier_program(stack: S
     r = _call(stack, "project agent", "POST", "/v1/sessions", {"metadata": meta})
     assert r.status_code == 201, r.text
     assert configured_verifiers({}, r.json().get("metadata") or meta) == []
+
+
+# ---- issue 36, finding 3: a session key ends with its session ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "said"),
+    [("/v1/sessions", "cannot open sessions"), ("/rl/start_session", "start_session needs")],
+)
+def test_a_per_session_key_opens_no_session(stack: Stack, path: str, said: str) -> None:
+    before = _state(stack)
+    r = _call(stack, "per-session", "POST", path, {})
+    assert r.status_code == 403, r.text
+    assert said in r.json()["error"]["message"]
+    assert _state(stack) == before
+    assert _call(stack, "project agent", "POST", path, {}).status_code in (200, 201)
+
+
+def test_a_chain_below_an_ended_session_stops(stack: Stack) -> None:
+    """Older data: session A's key minted C's, C's minted D's. Once A has ended (past the
+    grace), C's and D's keys get 401 too, though their own sessions are open."""
+    from datetime import timedelta
+
+    from core.keys import find_key
+
+    with transaction(stack.factory) as db:
+        for sid in ("chain_a", "chain_c", "chain_d"):
+            db.add(to_row(session(sid, "p1")))
+        db.flush()
+        agent = find_key(db, stack.keys["project agent"] or "")
+        assert agent is not None
+        a, a_key = create_key(db, "p1", "agent", session_id="chain_a", parent_key_id=agent.id)
+        c, c_key = create_key(db, "p1", "agent", session_id="chain_c", parent_key_id=a.id)
+        _, d_key = create_key(db, "p1", "agent", session_id="chain_d", parent_key_id=c.id)
+
+    def status(key: str, sid: str) -> int:
+        headers = {"Authorization": f"Bearer {key}"}
+        return httpx.get(f"{stack.url}/v1/sessions/{sid}", headers=headers, timeout=30).status_code
+
+    assert [status(a_key, "chain_a"), status(c_key, "chain_c"), status(d_key, "chain_d")] == [
+        200, 200, 200
+    ]  # fmt: skip
+    with transaction(stack.factory) as db:
+        row = db.get(SessionRow, "chain_a")
+        row.status = "closed"
+        row.closed_at = utcnow() - timedelta(hours=2)  # past RLGATE_SESSION_KEY_GRACE_S
+    deadline = time.monotonic() + 20  # the gateway's key cache forgets within seconds
+    while (got := [status(k, s) for k, s in ((a_key, "chain_a"), (c_key, "chain_c"),
+                                               (d_key, "chain_d"))]) != [401] * 3:  # fmt: skip
+        assert time.monotonic() < deadline, got
+        time.sleep(0.3)
 
 
 # ---- what a real worker does with specs stored before the change -----------------------
