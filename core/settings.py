@@ -277,6 +277,15 @@ class Settings(BaseSettings):
         le=3600,
         description="Hard time limit of one verify task (its judge calls and commands).",
     )
+    eval_gate_budget_s: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="Total time the eval gate's scoring may take in one publish (every "
+        "eval prompt, both adapters; a command verifier is killed when it runs out). Over "
+        "it, the candidate is rejected (audited) and the run ends trained-not-published. "
+        "0: RLGATE_VERIFY_TIME_LIMIT_S.",
+    )
     metrics_public: bool = Field(False, description="Serve /metrics without an admin key.")
     docs_public: bool = Field(False, description="Serve /openapi.json without an admin key.")
 
@@ -346,6 +355,11 @@ class Settings(BaseSettings):
     @property
     def grants(self) -> Grants:
         return Grants(self.commands, self.judges)
+
+    @property
+    def eval_gate_budget(self) -> float:
+        """The eval gate's scoring budget per publish, in seconds."""
+        return self.eval_gate_budget_s or self.verify_time_limit_s
 
     @property
     def engine_url_list(self) -> list[str]:

@@ -301,3 +301,48 @@ def test_stored_module_name_runs_nothing(
         assert not marker.exists()
     finally:
         _cleanup(engine_url, ids)
+
+
+def test_a_slow_gate_fails_its_own_run_within_the_budget(
+    migrated_db,
+    settings: Settings,
+    engine_url: str,
+    adapters,
+    gate_prompts,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 36, finding 2: a project's gate runs a granted command per eval prompt inside
+    the training task. Each takes 5 s (2 prompts x 2 adapters: 20 s before); with a 2 s
+    budget the publish gives up within it, and the candidate is rejected (fails closed,
+    audited), its run trained-not-published."""
+    import json
+    import time
+
+    monkeypatch.setenv("RLGATE_COMMANDS", json.dumps({"slow": {"command": "sleep 5",
+                                                                "timeout_s": 60}}))  # fmt: skip
+    monkeypatch.setenv("RLGATE_EVAL_GATE_BUDGET_S", "2")
+    get_settings.cache_clear()
+    settings = get_settings()
+    ids = _setup(
+        migrated_db, engine_url, adapters, "seeded", "zero", _gate(gate_prompts, "command")
+    )
+    with transaction(migrated_db) as db:
+        p = db.get(ProjectRow, ids["pid"])
+        assert p is not None
+        p.settings = {**p.settings, "verifiers": [{"name": "command", "use": "slow"}]}
+    try:
+        started = time.monotonic()
+        assert serving_switch.publish_version(migrated_db, settings, f"pv_{ids['pid']}_2") is False
+        took = time.monotonic() - started
+        assert took < 2 + 8, took  # the budget, plus generation and loading (not 20 s)
+        v1, v2, run, metrics = _state(migrated_db, ids)
+        assert (v1, v2) == ("serving", "rejected")
+        assert "time budget of 2 s" in metrics["eval_error"], metrics
+        assert run.status == "trained-not-published" and "time budget" in run.error
+        with migrated_db() as db:
+            actions = db.scalars(
+                select(AuditEventRow.action).where(AuditEventRow.project_id == ids["pid"])
+            ).all()
+        assert "adapter.reject" in actions and "adapter.promote" not in actions
+    finally:
+        _cleanup(engine_url, ids)
