@@ -260,7 +260,8 @@ def test_areal_flow_makes_the_same_records_as_the_native_api(stack):
         {"interaction_id": iid, "value": -0.5},
     ]
     for body in native:
-        r = _fb(stack, skey, scale="scalar", min=-1, max=1, source="system", rater="areal", **body)
+        # a client rates as a user (only rlgate's own routes write system sources)
+        r = _fb(stack, skey, scale="scalar", min=-1, max=1, rater="areal", **body)
         assert r.status_code == 200, r.text
     with stack.factory() as db:
         rows = db.scalars(
@@ -269,7 +270,8 @@ def test_areal_flow_makes_the_same_records_as_the_native_api(stack):
             .order_by(FeedbackRow.created_at)
         ).all()
         assert len(rows) == 4
-        skip = {"id", "created_at", "_sa_instance_state"}
+        assert [r.source for r in rows] == ["system", "system", "user", "user"]
+        skip = {"id", "created_at", "_sa_instance_state", "source", "request_hash"}
         areal_rows = [{k: v for k, v in vars(r).items() if k not in skip} for r in rows[:2]]
         native_rows = [{k: v for k, v in vars(r).items() if k not in skip} for r in rows[2:]]
         assert areal_rows == native_rows
