@@ -54,7 +54,9 @@ def _settings(router: Listener, allowed: str) -> Settings:
     )
 
 
-@pytest.mark.parametrize("allowed", ["{ours}", "http://127.0.0.*:{port}", "HTTP://127.0.0.1:{port}/"])
+@pytest.mark.parametrize(
+    "allowed", ["{ours}", "http://127.0.0.*:{port}", "HTTP://127.0.0.1:{port}/"]
+)
 def test_publish_reaches_only_the_named_workers(servers, allowed, caplog) -> None:  # type: ignore[no-untyped-def]
     from trainer import publish
 
