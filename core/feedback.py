@@ -26,6 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.errors import APIError
+from core.feedback_rules import check_system_key, shown_key
 from core.keys import new_id
 from schemas.atdp import Feedback, SessionStatus
 from schemas.coltypes import utcnow
@@ -177,6 +178,7 @@ def resolve_target(
 
 def feedback_json(row: FeedbackRow) -> dict[str, Any]:
     out = to_record(row).model_dump(mode="json")
+    out["idempotency_key"] = shown_key(out.get("idempotency_key"))
     out["object"] = "feedback"
     return out
 
@@ -194,7 +196,8 @@ def _replay(db: Session, project_id: str, inp: FeedbackInput) -> FeedbackRow | N
     if row is not None and row.request_hash != inp.request_hash:
         raise APIError(
             409,
-            f"idempotency key {inp.idempotency_key!r} was already used with a different body",
+            f"idempotency key {shown_key(inp.idempotency_key)!r} was already used with a "
+            "different body",
             param="idempotency_key",
         )
     return row
@@ -203,6 +206,7 @@ def _replay(db: Session, project_id: str, inp: FeedbackInput) -> FeedbackRow | N
 def _insert(
     factory: sessionmaker[Session], t: Target, inp: FeedbackInput, api_key_id: str | None
 ) -> tuple[FeedbackRow, bool]:
+    check_system_key(inp.source, inp.idempotency_key)
     try:
         with factory() as db, db.begin():
             earlier = _replay(db, t.project_id, inp)

@@ -99,26 +99,34 @@ def find_key(db: Session, secret: str) -> ApiKeyRow | None:
     return row
 
 
-def key_usable(db: Session, row: ApiKeyRow, session_grace_s: float = 3600.0) -> bool:
-    """Whether a key may authenticate: not revoked, no revoked (or missing) parent up
-    its chain, and, for a session-bound key, its session not closed for longer than
-    ``session_grace_s`` seconds."""
-    if row.revoked_at is not None:
+def _session_ended(db: Session, row: ApiKeyRow, session_grace_s: float) -> bool:
+    """Whether a session-bound key's session ended more than ``session_grace_s`` ago."""
+    if row.session_id is None:
         return False
-    if row.session_id is not None:
-        srow = db.get(SessionRow, row.session_id)
-        if srow is not None and srow.status != SessionStatus.open:
-            closed = srow.closed_at or srow.last_activity_at
-            if (utcnow() - closed).total_seconds() > session_grace_s:
-                return False
-    parent_id, depth = row.parent_key_id, 0
-    while parent_id is not None:
-        parent = db.get(ApiKeyRow, parent_id)
-        depth += 1
-        if parent is None or parent.revoked_at is not None or depth > MAX_PARENT_DEPTH:
+    srow = db.get(SessionRow, row.session_id)
+    if srow is None or srow.status == SessionStatus.open:
+        return False
+    closed = srow.closed_at or srow.last_activity_at
+    return (utcnow() - closed).total_seconds() > session_grace_s
+
+
+def key_usable(db: Session, row: ApiKeyRow, session_grace_s: float = 3600.0) -> bool:
+    """Whether a key may authenticate: neither it nor any key up its chain of parents is
+    revoked, missing, or bound to a session that ended more than ``session_grace_s``
+    seconds ago. (A session-bound key mints no keys today; a chain below one comes from
+    older data, and ends with the session it hangs from.)"""
+    link: ApiKeyRow | None = row
+    depth = 0
+    while link is not None:
+        if link.revoked_at is not None or _session_ended(db, link, session_grace_s):
             return False
-        parent_id = parent.parent_key_id
-    return True
+        if link.parent_key_id is None:
+            return True
+        depth += 1
+        if depth > MAX_PARENT_DEPTH:
+            return False
+        link = db.get(ApiKeyRow, link.parent_key_id)
+    return False  # a missing parent
 
 
 def lookup_key(

@@ -22,6 +22,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from core.engine_workers import check_pattern
 from core.grants import CommandGrant, Grants, JudgeGrant, check_entries
 from core.redaction_patterns import compile_patterns
 
@@ -57,9 +58,11 @@ class Settings(BaseSettings):
     engine_router_workers: str = Field(
         "",
         description="The router's workers rlgate may load adapters into (and send the "
-        "engine key): comma-separated URLs or fnmatch patterns, e.g. http://10.0.0.*:30000. "
-        "A worker the router lists that is on neither gets no key and no adapter, and is "
-        "logged. Required with RLGATE_ENGINE_ROUTER_URL.",
+        "engine key): comma-separated scheme://host[:port], matched part by part: the "
+        "host may hold globs within its labels and the port may be *, e.g. "
+        "http://10.0.0.*:30000. A listed URL with user@, a path, a query or a fragment "
+        "is never reached; a worker the router lists that matches no entry gets no key "
+        "and no adapter, and is logged. Required with RLGATE_ENGINE_ROUTER_URL.",
     )
     engine: str = Field(
         "embedded",
@@ -287,6 +290,15 @@ class Settings(BaseSettings):
         le=3600,
         description="Hard time limit of one verify task (its judge calls and commands).",
     )
+    eval_gate_budget_s: float = Field(
+        0.0,
+        ge=0,
+        le=3600,
+        description="Total time the eval gate's scoring may take in one publish (every "
+        "eval prompt, both adapters; a command verifier is killed when it runs out). Over "
+        "it, the candidate is rejected (audited) and the run ends trained-not-published. "
+        "0: RLGATE_VERIFY_TIME_LIMIT_S.",
+    )
     metrics_public: bool = Field(False, description="Serve /metrics without an admin key.")
     docs_public: bool = Field(False, description="Serve /openapi.json without an admin key.")
 
@@ -324,6 +336,8 @@ class Settings(BaseSettings):
                 "workers rlgate may load adapters into and send the engine key (URLs or "
                 "patterns such as http://10.0.0.*:30000; docs/scaling.md)"
             )
+        for entry in self.engine_router_worker_list:
+            check_pattern(entry)  # a ValueError that names the entry
         return self
 
     @model_validator(mode="after")
@@ -354,6 +368,11 @@ class Settings(BaseSettings):
     @property
     def grants(self) -> Grants:
         return Grants(self.commands, self.judges)
+
+    @property
+    def eval_gate_budget(self) -> float:
+        """The eval gate's scoring budget per publish, in seconds."""
+        return self.eval_gate_budget_s or self.verify_time_limit_s
 
     @property
     def engine_url_list(self) -> list[str]:

@@ -18,6 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.db import transaction
+from core.feedback_rules import AGENT_KEYS_RATE, agent_keys_rate
 from core.keys import audit, create_key, revoke_key
 from core.serving_version import serving_version
 from core.settings import Settings
@@ -110,6 +111,32 @@ def update_training_settings(
         project.settings = settings
         audit(db, actor, "training.settings", project_id, "project", project_id, changes)
     return training_settings(factory, project_id)
+
+
+# ---- who may rate (core/feedback_rules.py) ----------------------------------------------
+
+
+def feedback_settings(factory: sessionmaker[Session], project_id: str) -> dict[str, Any]:
+    with factory() as db:
+        settings = dict(_project(db, project_id).settings or {})
+    return {"project_id": project_id, AGENT_KEYS_RATE: agent_keys_rate(settings)}
+
+
+def update_feedback_settings(
+    factory: sessionmaker[Session], project_id: str, changes: dict[str, Any], actor: str
+) -> dict[str, Any]:
+    """Body ``{"agent_keys_rate": bool}``: whether the project's agent keys may rate
+    (false: only its feedback and admin keys). Audited."""
+    value = changes.get(AGENT_KEYS_RATE)
+    if set(changes) != {AGENT_KEYS_RATE} or not isinstance(value, bool):
+        raise ActionError(400, f'the body must be {{"{AGENT_KEYS_RATE}": true or false}}')
+    with transaction(factory) as db:
+        project = _project(db, project_id)
+        settings = dict(project.settings or {})
+        settings[AGENT_KEYS_RATE] = value
+        project.settings = settings
+        audit(db, actor, "feedback.settings", project_id, "project", project_id, changes)
+    return feedback_settings(factory, project_id)
 
 
 # ---- adapters -----------------------------------------------------------------------

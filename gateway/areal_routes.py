@@ -40,6 +40,7 @@ from core.feedback import (
     find_interaction,
     project_settings,
 )
+from core.feedback_rules import agent_keys_rate
 from core.keys import (
     MIN_CHOSEN_LEN,
     audit,
@@ -223,6 +224,12 @@ async def set_reward(request: Request) -> dict[str, Any]:
 
     srow = await asyncio.to_thread(_check_session, gw, p, sid)
     with_settings = await asyncio.to_thread(_project_settings, gw, srow.project_id)
+    if p.kind == "agent" and not agent_keys_rate(with_settings):
+        raise APIError(
+            403,
+            f"project {srow.project_id}'s agent keys may not rate (agent_keys_rate is "
+            "false): set the reward with the admin key and session_id",
+        )
     lo, hi = reward_range(with_settings)
     value, norm, smin, smax = normalize(reward, "scalar", lo, hi)
     scope = Scope(p.project_id, sid, p.key_id)

@@ -27,8 +27,10 @@ from core.feedback import (
     FeedbackInput,
     Scope,
     feedback_json,
+    project_settings,
     store_feedback,
 )
+from core.feedback_rules import CLIENT_KEY_PREFIX, CLIENT_SOURCE, agent_keys_rate, client_key
 from gateway.auth import BOOTSTRAP_ADMIN_ID, Principal
 from gateway.errors import bad_request
 from gateway.storable import bounded_str
@@ -61,6 +63,7 @@ FIELDS = {
 }
 MAX_COMMENT = 10_000
 MAX_SHORT = 200
+MAX_CLIENT_KEY = MAX_SHORT - len(CLIENT_KEY_PREFIX)  # stored with the prefix in 200
 MAX_ABS = 1e15  # bound on a scalar value, min and max: the arithmetic stays exact enough
 
 
@@ -187,9 +190,16 @@ def parse_feedback(body: Any) -> FeedbackInput:
     if scale is None:
         scale = "binary" if isinstance(value, bool | str) else "scalar"
     stored, reward, lo, hi = normalize(value, scale, body.get("min"), body.get("max"))
-    source = body.get("source") or "user"
-    if source not in SOURCES:
-        raise bad_request(f"'source' must be one of {', '.join(SOURCES)}", "source")
+    source = body.get("source")
+    if source is not None and source != CLIENT_SOURCE:
+        if source in SOURCES:  # the system's: verifier, judge, next_turn, ... (any but user)
+            raise APIError(
+                403,
+                f"'source' {source!r} is written by rlgate's worker only; a client rates as "
+                "'user' (omit 'source')",
+                param="source",
+            )
+        raise bad_request("'source' must be 'user' (or omitted)", "source")
     return FeedbackInput(
         target=target,
         ref=ref,
@@ -198,10 +208,11 @@ def parse_feedback(body: Any) -> FeedbackInput:
         scale_min=lo,
         scale_max=hi,
         reward=reward,
-        source=source,
+        source=CLIENT_SOURCE,
         rater=bounded_str(body, "rater", MAX_SHORT),
         comment=bounded_str(body, "comment", MAX_COMMENT),
-        idempotency_key=bounded_str(body, "idempotency_key", MAX_SHORT),
+        # the clients' own namespace: no client can name a key the worker writes
+        idempotency_key=client_key(bounded_str(body, "idempotency_key", MAX_CLIENT_KEY)),
     )
 
 
@@ -254,3 +265,17 @@ def session_closed(factory: sessionmaker[Session], session_id: str) -> None:
         api.on_session_closed(factory, session_id)
     except Exception:
         log.exception("session-closed hook failed for %s", session_id)
+
+
+def check_may_rate(factory: sessionmaker[Session], p: Principal) -> None:
+    """403 when ``p`` is an agent key of a project whose agent keys may not rate."""
+    if p.kind != "agent":
+        return
+    with factory() as db:
+        settings = project_settings(db, p.project_id)
+    if not agent_keys_rate(settings):
+        raise APIError(
+            403,
+            f"project {p.project_id}'s agent keys may not rate (its setting "
+            "agent_keys_rate is false): rate with a feedback key or an admin key",
+        )

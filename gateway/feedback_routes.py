@@ -16,7 +16,7 @@ from core.errors import APIError
 from core.feedback import feedback_json, find_interaction
 from gateway.auth import require_kind
 from gateway.errors import bad_request
-from gateway.feedback import parse_feedback, scope_of, submit_feedback
+from gateway.feedback import check_may_rate, parse_feedback, scope_of, submit_feedback
 from gateway.request_context import gw_of, principal, read_json
 from gateway.waits import locate, until_committed
 from schemas.convert import to_record
@@ -34,6 +34,8 @@ async def post_feedback(request: Request) -> JSONResponse:
     p = await principal(request)
     require_kind(p, "agent", "feedback", "admin")
     inp = parse_feedback(await read_json(request))
+    if p.kind == "agent":
+        await asyncio.to_thread(check_may_rate, gw.factory, p)
     if inp.target == "interaction" and inp.ref is not None:
         # wait for the recorder on the event loop, not in a worker thread; an id that is
         # neither stored nor being recorded gets its 404 from submit_feedback at once

@@ -30,6 +30,12 @@ async def create_session(request: Request) -> JSONResponse:
     gw = gw_of(request)
     p = await principal(request)
     require_kind(p, "agent", "admin")
+    if p.session_id is not None:  # its key would outlive the session it came from
+        raise APIError(
+            403,
+            "a per-session key cannot open sessions: use the project's agent key (or an "
+            "admin key) for POST /v1/sessions",
+        )
     raw = await request.body()
     body = await read_json(request) if raw.strip() else {}
     if not isinstance(body, dict):

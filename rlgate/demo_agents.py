@@ -98,7 +98,7 @@ class ArithmeticAgent(GatewayClient):
                     "interaction_id": target,
                     "value": value,
                     "scale": "scalar",
-                    "source": "verifier",
+                    "source": "user",  # the only source a client writes
                     "rater": "exact-match",
                 }
             )
@@ -148,7 +148,7 @@ class ToolAgent(GatewayClient):
                     "session_id": ep.session_id,
                     "value": 1.0 if ep.correct else 0.0,
                     "scale": "scalar",
-                    "source": "verifier",
+                    "source": "user",  # the only source a client writes
                     "rater": "exact-match",
                 }
             )

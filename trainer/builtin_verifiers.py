@@ -22,6 +22,7 @@ import subprocess
 
 from core.grants import CommandGrant, GrantError, Grants
 from schemas.atdp import Interaction
+from trainer import time_budget
 from trainer.reward_source import GrantRef, RewardSource, VerifierContext, answer_verifier
 
 log = logging.getLogger("rlgate.verifiers")
@@ -119,13 +120,19 @@ def run_command(grant: CommandGrant, ctx: VerifierContext, answer: Interaction) 
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # its own process group: a timeout kills all of it
     )
+    left = time_budget.remaining()  # the eval gate's budget, when it runs in the gate
+    by_budget = left is not None and left < grant.timeout_s
     try:
-        rc = proc.wait(timeout=grant.timeout_s)
+        rc = proc.wait(timeout=left if by_budget else grant.timeout_s)
     except BaseException as e:  # the timeout, or the verify task's own time limit
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         if not isinstance(e, subprocess.TimeoutExpired):
             raise
+        if by_budget:
+            raise time_budget.OverBudget(
+                "the command was still running when the time budget ran out"
+            ) from None
         log.info("command verifier timed out after %.0fs for %s", grant.timeout_s, answer.id)
         return -1.0
     return 1.0 if rc == 0 else -1.0

@@ -44,6 +44,7 @@ from core.settings import Settings
 from schemas.atdp import PolicyStatus, RunStatus
 from schemas.coltypes import utcnow
 from schemas.tables import PolicyVersionRow, TrainingRunRow
+from trainer import time_budget
 from trainer.eval_gate import EvalGate, GateConfigError, GateError, resolve, score_output
 
 log = logging.getLogger("rlgate.trainer")
@@ -236,12 +237,15 @@ def eval_scores(
     headers: dict[str, str] | None = None,
     params: dict[str, Any] | None = None,
     project_id: str = "eval-gate",
+    budget_s: float | None = None,
 ) -> list[tuple[float, int]]:
     """(mean score, abstentions) of each adapter (None: the base model) on the gate's
     prompts: greedy ``/generate`` through the engine, each output scored by the gate's
     registered verifier (an abstention scores 0). :class:`GateError` when the verifier
-    is missing, fails, or abstains on every prompt, or the engine refuses a prompt (4xx);
-    a transport error or 5xx is a :class:`PublishError` (retried by the next tick)."""
+    is missing, fails, or abstains on every prompt, the engine refuses a prompt (4xx), or
+    the scoring runs past ``budget_s`` seconds in all (RLGATE_EVAL_GATE_BUDGET_S: a
+    command verifier is killed then); a transport error or 5xx is a
+    :class:`PublishError` (retried by the next tick)."""
     verify = resolve(gate.verifier)
     # one batched /generate per kind of prompt for all adapters together (SGLang takes a
     # list of input_ids or of texts, each with its own lora_path), so the engine runs them
@@ -279,14 +283,35 @@ def eval_scores(
                     raise GateError(f"the engine refused {where}: {e.message[:300]}") from e
                 raise PublishError(f"{where}: {engine_url}: {e}") from e
             outputs.update(zip(idx, answer, strict=True))
+    with time_budget.within(budget_s):
+        return _scores(verify, adapters, gate, outputs, params or {}, project_id, budget_s)
+
+
+def _scores(
+    verify: Any,
+    adapters: list[str | None],
+    gate: EvalGate,
+    outputs: dict[tuple[int, int], dict[str, Any]],
+    params: dict[str, Any],
+    project_id: str,
+    budget_s: float | None,
+) -> list[tuple[float, int]]:
+    """The scoring part of :func:`eval_scores`, inside its time budget."""
     results = []
     for a, adapter in enumerate(adapters):
         total, abstained = 0.0, 0
         for i, item in enumerate(gate.prompts):
             out = outputs[(a, i)]
-            score = score_output(
-                verify, gate.verifier, params or {}, i, item, adapter, out, project_id
-            )
+            if time_budget.remaining() == 0.0:
+                raise GateError(_over(budget_s, i))
+            try:
+                score = score_output(
+                    verify, gate.verifier, params, i, item, adapter, out, project_id
+                )
+            except GateError as e:
+                if isinstance(e.__cause__, time_budget.OverBudget):
+                    raise GateError(_over(budget_s, i)) from e
+                raise
             if score is None:
                 abstained += 1
             else:
@@ -300,6 +325,14 @@ def eval_scores(
     return results
 
 
+def _over(budget_s: float | None, index: int) -> str:
+    return (
+        f"the eval gate's scoring ran past its time budget of {budget_s:g} s "
+        f"(RLGATE_EVAL_GATE_BUDGET_S) at eval prompt {index}: use fewer eval prompts or "
+        "a faster verifier"
+    )
+
+
 def eval_gate(
     engine_url: str,
     new: str,
@@ -309,11 +342,13 @@ def eval_gate(
     *,
     project_settings: dict[str, Any] | None = None,
     project_id: str = "eval-gate",
+    budget_s: float | None = None,
 ) -> tuple[bool, dict[str, Any]]:
     """(promote?, metrics). Off unless ``gate["enabled"]``. Scores the new and the serving
     adapter (None: the base model); promotes only if ``new >= serving - margin``. Fails
     closed: settings that do not validate, an unknown verifier, a verifier that raises or
-    always abstains, or an engine refusing a prompt -> (False, ``{"eval_error": why}``).
+    always abstains, an engine refusing a prompt, or scoring past ``budget_s`` ->
+    (False, ``{"eval_error": why}``).
     The verifier's parameters come from the project's ``settings["verifiers"]`` only."""
     try:
         cfg = EvalGate.parse(gate)
@@ -331,7 +366,7 @@ def eval_gate(
         "eval_serving_adapter": serving or "base",
     }
     try:
-        scores = eval_scores(engine_url, [new, serving], cfg, headers, params, project_id)
+        scores = eval_scores(engine_url, [new, serving], cfg, headers, params, project_id, budget_s)
         (new_score, new_abstained), (old_score, old_abstained) = scores
     except GateError as e:
         log.warning("eval gate failed closed for %s: %s", new, e)

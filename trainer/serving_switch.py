@@ -80,6 +80,7 @@ def publish_version(
             settings.engine_headers,
             project_settings=project_settings,
             project_id=project_id,
+            budget_s=settings.eval_gate_budget,
         )
         if metrics:
             with transaction(factory) as db:

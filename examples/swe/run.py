@@ -13,7 +13,7 @@ For each task (``swe_tasks.TASKS``):
    (``verify.py``; ``--operator-config`` prints it for the worker's and gateway's
    configuration) in the worker's verify pool: the tests pass -> reward +1, else -1, stored as
    session feedback that flows back over the turns. With ``--verify local`` this script runs
-   the tests itself and posts the same rating with ``POST /feedback``.
+   the tests itself and posts the result with ``POST /feedback`` (as a user rating).
 
 Then it trains (``POST /admin/api/actions/train-now``: the worker runs the same job as the
 schedule; or ``rlgate train --once``), and exports the rated trajectories as ATDP JSONL

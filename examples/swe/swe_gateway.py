@@ -55,7 +55,7 @@ class Gateway:
             "scale": "scalar",
             "min": -1,
             "max": 1,
-            "source": "verifier",
+            "source": "user",  # the only source a client writes (docs/security.md)
             "rater": "swe-tests",
             "idempotency_key": f"swe-tests:{session_id}",
         }

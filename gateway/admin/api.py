@@ -162,6 +162,22 @@ async def api_training_patch(project_id: str, request: Request) -> JSONResponse:
     return JSONResponse(await _project_call(request, project_id, update, body, ctx.actor, ctx=ctx))
 
 
+@router.get("/admin/api/projects/{project_id}/feedback")
+@action_errors
+async def api_feedback_get(project_id: str, request: Request) -> JSONResponse:
+    return JSONResponse(await _project_call(request, project_id, actions.feedback_settings))
+
+
+@router.put("/admin/api/projects/{project_id}/feedback")
+@action_errors
+async def api_feedback_put(project_id: str, request: Request) -> JSONResponse:
+    """Body ``{"agent_keys_rate": false}``: the project's agent keys may not rate."""
+    ctx = await api_ctx(request, post=True)
+    body = await _json_body(request)
+    update = actions.update_feedback_settings
+    return JSONResponse(await _project_call(request, project_id, update, body, ctx.actor, ctx=ctx))
+
+
 @router.post("/admin/api/actions/{action}")
 @action_errors
 async def api_action(action: str, request: Request) -> JSONResponse:

@@ -102,3 +102,39 @@ def test_cli_keys_create_list_revoke(sqlite_url, monkeypatch):
 
     missing = rlgate("keys", "revoke", "key_nope")
     assert missing.returncode == 2 and "no key with id key_nope" in missing.stderr
+
+
+def test_a_chain_ends_with_the_session_it_hangs_from(migrated_db):
+    """Issue 36, finding 3: a key minted below a session-bound key (older data) stops when
+    that session has ended (past the grace), at every depth; an open one keeps it."""
+    from datetime import timedelta
+
+    from core.keys import ensure_project, key_usable
+    from schemas.coltypes import utcnow
+    from schemas.convert import to_row
+    from schemas.tables import SessionRow
+    from tests.rows import session
+
+    with migrated_db() as db, db.begin():
+        ensure_project(db, "p1")
+        db.flush()
+        for sid in ("sa", "sc", "sd"):
+            db.add(to_row(session(sid, "p1")))
+        db.flush()
+        agent, _ = create_key(db, "p1", "agent")
+        a, _ = create_key(db, "p1", "agent", session_id="sa", parent_key_id=agent.id)
+        c, _ = create_key(db, "p1", "agent", session_id="sc", parent_key_id=a.id)
+        d, _ = create_key(db, "p1", "agent", session_id="sd", parent_key_id=c.id)
+        ids = [agent.id, a.id, c.id, d.id]
+
+    def usable(grace: float = 3600.0) -> list[bool]:
+        with migrated_db() as db:
+            return [key_usable(db, db.get(ApiKeyRow, i), grace) for i in ids]
+
+    assert usable() == [True, True, True, True]
+    with migrated_db() as db, db.begin():
+        row = db.get(SessionRow, "sa")
+        row.status = "closed"
+        row.closed_at = utcnow() - timedelta(seconds=60)
+    assert usable() == [True, True, True, True]  # within the grace: late feedback
+    assert usable(grace=10) == [True, False, False, False]  # past it: the whole chain

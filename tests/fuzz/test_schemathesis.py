@@ -231,6 +231,10 @@ ADMIN_BODIES: dict[str, dict[str, Any]] = {
         "properties": {"verifiers": {"type": ["array", "null"], "items": {"type": "object"}}},
         "required": ["verifiers"],
     },
+    "/admin/api/projects/{project_id}/feedback": {
+        "type": "object",
+        "properties": {"agent_keys_rate": {"type": "boolean"}},
+    },
 }
 
 
@@ -393,6 +397,7 @@ def test_no_server_errors_admin_api_and_ids(live_pg):  # type: ignore[no-untyped
     fuzzed = set(report.fuzzed)
     for op in (
         "PUT /admin/api/projects/{project_id}/verifiers",
+        "PUT /admin/api/projects/{project_id}/feedback",
         "POST /admin/api/keys",
         "POST /admin/api/actions/{action}",
         "PATCH /admin/api/projects/{project_id}/training",

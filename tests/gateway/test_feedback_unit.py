@@ -94,14 +94,36 @@ def test_parse_targets_and_defaults():
     )
     inp = parse_feedback({"session": "latest", "value": 4, "scale": "stars-5"})
     assert (inp.target, inp.ref, inp.reward) == ("latest", None, 0.5)
-    inp = parse_feedback({"session_id": "sess_x", "value": 0.25, "source": "judge"})
+    inp = parse_feedback({"session_id": "sess_x", "value": 0.25, "source": "user"})
     assert (inp.target, inp.ref, inp.scale, inp.reward, inp.source) == (
         "session",
         "sess_x",
         "scalar",
         -0.5,
-        "judge",
+        "user",
     )
+
+
+def test_a_client_rates_only_as_a_user_in_its_own_key_namespace():
+    """Issue 36, finding 4: every source but user is the system's (any FeedbackSource,
+    today's and later ones): a client naming one gets a 403 naming the field. A client's
+    idempotency key is stored in the clients' namespace, so it can never equal one the
+    worker writes (``verifier:<name>:<session>``)."""
+    from core.feedback_rules import CLIENT_KEY_PREFIX, check_system_key
+    from schemas.atdp import FeedbackSource
+
+    system = [s.value for s in FeedbackSource if s.value != "user"]
+    assert {"verifier", "judge", "system"} <= set(system)
+    for source in system:
+        with pytest.raises(APIError) as e:
+            parse_feedback({"session_id": "s", "value": 1, "source": source})
+        assert e.value.status == 403 and e.value.param == "source", source
+        assert "user" in e.value.message
+    forged = parse_feedback({"session_id": "s", "value": 1, "idempotency_key": "verifier:c:s"})
+    assert forged.idempotency_key == CLIENT_KEY_PREFIX + "verifier:c:s"
+    assert parse_feedback({"session_id": "s", "value": 1}).idempotency_key is None
+    with pytest.raises(ValueError):  # the worker never writes into the clients' namespace
+        check_system_key("verifier", CLIENT_KEY_PREFIX + "x")
 
 
 def test_same_meaning_same_hash():

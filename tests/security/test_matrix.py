@@ -31,9 +31,10 @@ from core.db import make_engine, session_factory, transaction
 from core.keys import create_key, ensure_project
 from core.migrate import upgrade
 from core.settings import get_settings
+from schemas.atdp import FeedbackSource
 from schemas.coltypes import utcnow
 from schemas.convert import to_row
-from schemas.tables import AuditEventRow, FeedbackRow, ProjectRow
+from schemas.tables import AuditEventRow, FeedbackRow, ProjectRow, SessionRow
 from tests.rows import interaction, session
 from tests.security.listener import Listener
 from tests.servers import REPO, free_port, gateway
@@ -209,6 +210,133 @@ def test_session_metadata_cannot_choose_or_configure_a_verifier_program(stack: S
     r = _call(stack, "project agent", "POST", "/v1/sessions", {"metadata": meta})
     assert r.status_code == 201, r.text
     assert configured_verifiers({}, r.json().get("metadata") or meta) == []
+
+
+# ---- issue 36, finding 3: a session key ends with its session ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "said"),
+    [("/v1/sessions", "cannot open sessions"), ("/rl/start_session", "start_session needs")],
+)
+def test_a_per_session_key_opens_no_session(stack: Stack, path: str, said: str) -> None:
+    before = _state(stack)
+    r = _call(stack, "per-session", "POST", path, {})
+    assert r.status_code == 403, r.text
+    assert said in r.json()["error"]["message"]
+    assert _state(stack) == before
+    assert _call(stack, "project agent", "POST", path, {}).status_code in (200, 201)
+
+
+def test_a_chain_below_an_ended_session_stops(stack: Stack) -> None:
+    """Older data: session A's key minted C's, C's minted D's. Once A has ended (past the
+    grace), C's and D's keys get 401 too, though their own sessions are open."""
+    from datetime import timedelta
+
+    from core.keys import find_key
+
+    with transaction(stack.factory) as db:
+        for sid in ("chain_a", "chain_c", "chain_d"):
+            db.add(to_row(session(sid, "p1")))
+        db.flush()
+        agent = find_key(db, stack.keys["project agent"] or "")
+        assert agent is not None
+        a, a_key = create_key(db, "p1", "agent", session_id="chain_a", parent_key_id=agent.id)
+        c, c_key = create_key(db, "p1", "agent", session_id="chain_c", parent_key_id=a.id)
+        _, d_key = create_key(db, "p1", "agent", session_id="chain_d", parent_key_id=c.id)
+
+    def status(key: str, sid: str) -> int:
+        headers = {"Authorization": f"Bearer {key}"}
+        return httpx.get(f"{stack.url}/v1/sessions/{sid}", headers=headers, timeout=30).status_code
+
+    assert [status(a_key, "chain_a"), status(c_key, "chain_c"), status(d_key, "chain_d")] == [
+        200, 200, 200
+    ]  # fmt: skip
+    with transaction(stack.factory) as db:
+        row = db.get(SessionRow, "chain_a")
+        row.status = "closed"
+        row.closed_at = utcnow() - timedelta(hours=2)  # past RLGATE_SESSION_KEY_GRACE_S
+    deadline = time.monotonic() + 20  # the gateway's key cache forgets within seconds
+    while (got := [status(k, s) for k, s in ((a_key, "chain_a"), (c_key, "chain_c"),
+                                               (d_key, "chain_d"))]) != [401] * 3:  # fmt: skip
+        assert time.monotonic() < deadline, got
+        time.sleep(0.3)
+
+
+# ---- issue 36, finding 4: ratings only from those entitled to give them -----------------
+
+RATERS = ("bootstrap admin", "project admin", "project agent", "project feedback")
+SYSTEM_SOURCES = [s.value for s in FeedbackSource if s.value != "user"]
+
+
+def _rated_session(stack: Stack, sid: str) -> None:
+    with transaction(stack.factory) as db:
+        if db.get(SessionRow, sid) is None:
+            db.add(to_row(session(sid, "p1")))
+
+
+def _ratings(stack: Stack, sid: str) -> list[tuple[str, str | None]]:
+    with stack.factory() as db:
+        rows = db.scalars(select(FeedbackRow).where(FeedbackRow.session_id == sid)).all()
+        return sorted((r.source, r.idempotency_key) for r in rows)
+
+
+@pytest.mark.parametrize("kind", RATERS)
+@pytest.mark.parametrize("source", SYSTEM_SOURCES)
+def test_no_client_writes_a_system_source(stack: Stack, kind: str, source: str) -> None:
+    _rated_session(stack, "fb_sys")
+    body = {"session_id": "fb_sys", "value": 1, "source": source, "rater": "contains"}
+    r = _call(stack, kind, "POST", "/feedback", body)
+    assert r.status_code == 403, r.text
+    assert r.json()["error"]["param"] == "source" and "user" in r.json()["error"]["message"]
+    assert _ratings(stack, "fb_sys") == []
+
+
+@pytest.mark.parametrize("kind", RATERS)
+def test_a_client_key_cannot_take_the_workers_idempotency_key(stack: Stack, kind: str) -> None:
+    """The forged rating lands as the client's own (source user, its own namespace); the
+    verifier's later rating with ``verifier:<name>:<session>`` is stored, not dropped."""
+    from core.feedback import FeedbackInput, Scope, store_feedback
+
+    sid = "fb_key_" + kind.replace(" ", "_")
+    _rated_session(stack, sid)
+    key = f"verifier:contains:{sid}"
+    body = {"session_id": sid, "value": 1, "idempotency_key": key}
+    r = _call(stack, kind, "POST", "/feedback", body)
+    assert r.status_code == 200, r.text
+    assert (r.json()["source"], r.json()["idempotency_key"]) == ("user", key)
+    verdict = FeedbackInput("session", sid, -1.0, "scalar", -1.0, 1.0, -1.0, source="verifier",
+                            rater="contains", idempotency_key=key)  # fmt: skip
+    _, replayed = store_feedback(stack.factory, verdict, Scope("p1"), wait_s=0)
+    assert replayed is False
+    assert _ratings(stack, sid) == [("user", "client:" + key), ("verifier", key)]
+
+
+def test_a_project_can_refuse_ratings_from_its_agent_keys(stack: Stack) -> None:
+    _rated_session(stack, "fb_agents")
+    url = "/admin/api/projects/p1/feedback"
+    assert _call(stack, "project agent", "PUT", url, {"agent_keys_rate": False}).status_code in (
+        401, 403
+    )  # fmt: skip
+    assert _call(stack, "project admin", "GET", url, None).json()["agent_keys_rate"] is True
+    r = _call(stack, "project admin", "PUT", url, {"agent_keys_rate": "no"})
+    assert r.status_code == 400, r.text
+    r = _call(stack, "project admin", "PUT", url, {"agent_keys_rate": False})
+    assert r.status_code == 200 and r.json()["agent_keys_rate"] is False, r.text
+    try:
+        body = {"session_id": "fb_agents", "value": 1}
+        for kind in ("project agent", "per-session"):
+            r = _call(stack, kind, "POST", "/feedback", body)
+            assert r.status_code == 403, r.text
+            assert "feedback key" in r.json()["error"]["message"]
+        for kind in ("project feedback", "project admin", "bootstrap admin"):
+            r = _call(stack, kind, "POST", "/feedback", {**body, "idempotency_key": kind})
+            assert r.status_code == 200, (kind, r.text)
+        assert len(_ratings(stack, "fb_agents")) == 3
+    finally:
+        r = _call(stack, "project admin", "PUT", url, {"agent_keys_rate": True})
+        assert r.status_code == 200, r.text
+    assert _call(stack, "project agent", "POST", "/feedback", body).status_code == 200
 
 
 # ---- what a real worker does with specs stored before the change -----------------------

@@ -1,6 +1,6 @@
 """Issue 26, finding 7: the engine key and adapter paths go only to engines the operator
 named. A worker that an sglang-router lists but that is not on the operator's list
-(RLGATE_ENGINE_ROUTER_WORKERS: URLs or fnmatch patterns) gets neither, from the trainer's
+(RLGATE_ENGINE_ROUTER_WORKERS: scheme://host[:port], parsed) gets neither, from the trainer's
 publish or from a gateway's adapter sync, and both log it.
 
 The router and the two workers are small HTTP servers on loopback that record what they
@@ -54,7 +54,9 @@ def _settings(router: Listener, allowed: str) -> Settings:
     )
 
 
-@pytest.mark.parametrize("allowed", ["{ours}", "http://127.0.0.1:{port}*"])
+@pytest.mark.parametrize(
+    "allowed", ["{ours}", "http://127.0.0.*:{port}", "HTTP://127.0.0.1:{port}/"]
+)
 def test_publish_reaches_only_the_named_workers(servers, allowed, caplog) -> None:  # type: ignore[no-untyped-def]
     from trainer import publish
 
@@ -133,3 +135,64 @@ def test_gateway_sync_reaches_only_the_named_workers(servers, sqlite_url, caplog
     ]
     assert theirs.seen == []
     assert theirs.url in caplog.text
+
+
+# Issue 36, finding 6: the entries are parsed, not globbed over the whole URL string.
+ATTACKS = [
+    "http://10.0.0.1@attacker:30000",  # userinfo: the host is attacker
+    "http://10.0.0.5.attacker:30000",  # a host that only starts like the pattern
+    "http://127.0.0.1:1234/evilworker?:30000",  # a path and a query that end in the port
+    "http://10.0.0.5:30000/x",
+    "http://10.0.0.5:30000#:30000",
+    "http://10.0.0.5:300001",
+    "https://10.0.0.5:30000",
+    "http://10.0.0.5",
+]
+
+
+@pytest.mark.parametrize("url", ATTACKS)
+def test_pattern_matches_scheme_host_and_port_apart(url: str) -> None:
+    from core.engine_workers import worker_allowed
+
+    allowed = ["http://10.0.0.*:30000", "http://127.0.0.*:30000"]
+    assert not worker_allowed(url, allowed)
+    assert worker_allowed("http://10.0.0.5:30000", allowed)
+    assert worker_allowed("http://10.0.0.5:30000/", allowed)
+    assert worker_allowed("HTTP://10.0.0.5:30000", allowed)
+    assert worker_allowed("http://10.0.0.5:1234", ["http://10.0.0.5:*"])
+    assert worker_allowed("http://w1:80", ["http://w?"])  # the scheme's default port
+
+
+def test_even_an_exact_entry_refuses_userinfo_path_and_query() -> None:
+    from core.engine_workers import worker_allowed
+
+    for url in (ATTACKS[0], ATTACKS[2], ATTACKS[3], ATTACKS[4]):
+        assert not worker_allowed(url, [url]), url
+
+
+def test_attack_url_listed_by_the_router_gets_no_key() -> None:
+    """A fake router lists the attacker's listener as ``<listener>/evilworker?:<port>``,
+    where ``<port>`` is the operator's worker's: the listener receives nothing."""
+    from trainer import publish
+
+    ours, theirs = Listener(_router_or_engine(None)), Listener(_router_or_engine(None))
+    with ours, theirs:
+        port = ours.server_address[1]
+        evil = f"{theirs.url}/evilworker?:{port}"
+        with Listener(_router_or_engine([ours.url, evil])) as router:
+            settings = _settings(router, f"http://127.0.0.*:{port}")
+            urls = publish.engines(settings)
+            assert urls == [ours.url]
+            publish.load_everywhere(urls, "p-v1", "/adapters/p/p-v1", settings.engine_headers)
+    assert theirs.seen == []
+
+
+@pytest.mark.parametrize(
+    "entry",
+    ["http://10.0.0.1@x:1", "http://10.0.0.*:30000/path", "10.0.0.1:30000", "http://h:port"],
+)
+def test_a_bad_entry_is_refused_at_start(entry: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="is not scheme://host"):
+        Settings(engine_router_url="http://r:1", engine_router_workers=entry)

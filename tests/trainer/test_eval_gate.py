@@ -301,3 +301,142 @@ def test_stored_module_name_runs_nothing(
         assert not marker.exists()
     finally:
         _cleanup(engine_url, ids)
+
+
+def test_a_slow_gate_fails_its_own_run_within_the_budget(
+    migrated_db,
+    settings: Settings,
+    engine_url: str,
+    adapters,
+    gate_prompts,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 36, finding 2: a project's gate runs a granted command per eval prompt inside
+    the training task. Each takes 5 s (2 prompts x 2 adapters: 20 s before); with a 2 s
+    budget the publish gives up within it, and the candidate is rejected (fails closed,
+    audited), its run trained-not-published."""
+    import json
+    import time
+
+    monkeypatch.setenv("RLGATE_COMMANDS", json.dumps({"slow": {"command": "sleep 5",
+                                                                "timeout_s": 60}}))  # fmt: skip
+    monkeypatch.setenv("RLGATE_EVAL_GATE_BUDGET_S", "2")
+    get_settings.cache_clear()
+    settings = get_settings()
+    ids = _setup(
+        migrated_db, engine_url, adapters, "seeded", "zero", _gate(gate_prompts, "command")
+    )
+    with transaction(migrated_db) as db:
+        p = db.get(ProjectRow, ids["pid"])
+        assert p is not None
+        p.settings = {**p.settings, "verifiers": [{"name": "command", "use": "slow"}]}
+    try:
+        started = time.monotonic()
+        assert serving_switch.publish_version(migrated_db, settings, f"pv_{ids['pid']}_2") is False
+        took = time.monotonic() - started
+        assert took < 2 + 8, took  # the budget, plus generation and loading (not 20 s)
+        v1, v2, run, metrics = _state(migrated_db, ids)
+        assert (v1, v2) == ("serving", "rejected")
+        assert "time budget of 2 s" in metrics["eval_error"], metrics
+        assert run.status == "trained-not-published" and "time budget" in run.error
+        with migrated_db() as db:
+            actions = db.scalars(
+                select(AuditEventRow.action).where(AuditEventRow.project_id == ids["pid"])
+            ).all()
+        assert "adapter.reject" in actions and "adapter.promote" not in actions
+    finally:
+        _cleanup(engine_url, ids)
+
+
+def test_a_slow_gate_does_not_hold_another_projects_run(
+    pg_url: str, engine_url: str, adapters, gate_prompts, tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """Issue 36, finding 2, with a real ``rlgate worker`` on PostgreSQL: p1's candidate is
+    published with a gate whose granted command sleeps 10 s per eval prompt (40 s for 2
+    prompts x 2 adapters); p2's run is queued 1 s after it on the same trainer. With a
+    3 s budget p1's publish ends within it (rejected, audited) and p2's run lands a few
+    seconds later, not after p1's 40 s."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import redis
+
+    from core.db import make_engine, session_factory
+    from core.migrate import upgrade
+    from tests.servers import REPO
+    from trainer import api
+    from trainer.celery_base import make_celery
+
+    broker = f"redis://127.0.0.1:6379/{os.environ.get('RLGATE_TEST_GATE_REDIS_DB', '12')}"
+    env = {
+        "RLGATE_DATABASE_URL": pg_url,
+        "RLGATE_BROKER_URL": broker,
+        "RLGATE_ENGINE_URLS": engine_url,
+        "RLGATE_COMMANDS": json.dumps({"slow": {"command": "sleep 10", "timeout_s": 60}}),
+        "RLGATE_EVAL_GATE_BUDGET_S": "3",
+        "RLGATE_VERIFY_WORKERS": "1",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    get_settings.cache_clear()
+    upgrade(pg_url)
+    engine = make_engine(pg_url)
+    factory = session_factory(engine)
+    ids = _setup(factory, engine_url, adapters, "seeded", "zero", _gate(gate_prompts, "command"))
+    with transaction(factory) as db:
+        p = db.get(ProjectRow, ids["pid"])
+        assert p is not None
+        p.settings = {**p.settings, "verifiers": [{"name": "command", "use": "slow"}]}
+        db.add(ProjectRow(id="p2", name="p2", created_at=utcnow(), settings={}))
+    redis.Redis.from_url(broker).flushdb()
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as fh:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "rlgate.cli", "worker", "-n", f"gate-{secrets.token_hex(3)}@%h"],
+            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO),
+                           "RLGATE_DATA_DIR": str(tmp_path / "w")},
+            stdout=fh, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    def until(what: Any, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if got := what():
+                return got
+            time.sleep(0.2)
+        raise AssertionError(f"timed out; worker log:\n{log.read_text()[-4000:]}")
+
+    def decided() -> Any:
+        state = _state(factory, ids)
+        return state if state[1] != "candidate" else None
+
+    try:
+        until(lambda: b" ready." in log.read_bytes(), 120)
+        make_celery().send_task("rlgate.retry_publish")  # p1's publish, with its gate
+        time.sleep(1)
+        queued = time.monotonic()
+        run_id = api.train_now("p2", "test", factory=factory)
+
+        def finished() -> str | None:
+            with factory() as db:
+                status = db.get(TrainingRunRow, run_id).status  # type: ignore[union-attr]
+            return None if status in ("queued", "running") else str(status)
+
+        assert until(finished, 120) == "cancelled"  # p2 has nothing to train on
+        waited = time.monotonic() - queued
+        assert waited < 20, waited  # behind p1's gate for at most its budget, not 40 s
+        v1, v2, run, metrics = until(decided, 60)
+        assert (v1, v2) == ("serving", "rejected")
+        assert "time budget of 3 s" in metrics["eval_error"]
+        assert run.status == "trained-not-published"
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+        _cleanup(engine_url, ids)
+        engine.dispose()
