@@ -86,7 +86,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    ap.add_argument("--ratings", type=int, default=96, help="budget of thumbs per run")
+    ap.add_argument("--ratings", type=int, default=80, help="budget of thumbs per run")
     ap.add_argument("--target", type=float, default=0.30, help="agreement gain to reach")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "learning-results")
     ap.add_argument("--table-only", action="store_true", help="read the results in --out")

@@ -74,7 +74,9 @@ class TrainConfig(LossConfig):
         "this (null: every step runs)",
     )
     # optimization
-    lr: float = knob(1e-4, bounds=(0.0, 1.0), help="learning rate (LoRA: typical 1e-4..2e-4)")
+    lr: float = knob(
+        1e-3, bounds=(0.0, 1.0), help="learning rate (the trust region bounds each run's move)"
+    )
     weight_decay: float = knob(0.0, bounds=(0.0, 10.0), help="AdamW weight decay")
     betas: tuple[float, float] = knob(
         (0.9, 0.999), rule="two numbers in [0, 1)", help="AdamW betas"

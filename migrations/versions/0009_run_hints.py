@@ -1,7 +1,7 @@
 """run_hints: the hints a training run's teacher saw
 
-Revision ID: 0008
-Revises: 0007
+Revision ID: 0009
+Revises: 0008
 Create Date: 2026-12-03
 
 One row per hinted sample of a run (trainer/hints.py): the words (a rating's comment or
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0008"
-down_revision = "0007"
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
