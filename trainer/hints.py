@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session
 
 from schemas.tables import FeedbackRow, InteractionRow
 from trainer.data import Sample
-from trainer.judge_text import request_messages
+from trainer.judge_text import next_user_message
 
 MAX_HINT_CHARS = 1000
 MAX_HINT_TOKENS = 160
@@ -138,13 +138,7 @@ def _next_message(db: Session, row: InteractionRow) -> str | None:
         .order_by(InteractionRow.seq)
         .limit(1)
     ).first()
-    if nxt is None:
-        return None
-    msgs = request_messages(nxt.request)
-    last_assistant = max((i for i, (role, _) in enumerate(msgs) if role == "assistant"), default=-1)
-    after = msgs[last_assistant + 1 :] if last_assistant >= 0 else []
-    texts = [text for role, text in after if role == "user" and text]
-    return "\n".join(texts) or None
+    return next_user_message(nxt) if nxt is not None else None  # type: ignore[arg-type]
 
 
 class Placer:
