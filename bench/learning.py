@@ -263,7 +263,30 @@ class Trainer:
                 .where(TrainingRunRow.project_id == self.project)
                 .order_by(TrainingRunRow.created_at)
             ).all()
-            return [{"status": r.status, "samples": r.num_samples, "error": r.error} for r in rows]
+            return [run_summary(r.status, r.num_samples, r.error, r.step_metrics) for r in rows]
+
+
+def run_summary(status: str, samples: int, error: str | None, steps: list[Any]) -> dict[str, Any]:
+    """What bounded a run: the steps it took, whether the trust region stopped it (and at
+    which KL), and the reward and hint advantages it trained on."""
+    steps = [s for s in steps or [] if isinstance(s, dict)]
+    last = steps[-1] if steps else {}
+
+    def mean(key: str) -> float | None:
+        vals = [s[key] for s in steps if isinstance(s.get(key), (int, float))]
+        return round(sum(vals) / len(vals), 4) if vals else None
+
+    return {
+        "status": status,
+        "samples": samples,
+        "error": error,
+        "steps": len(steps),
+        "stopped_early": bool(last.get("stopped_early")),
+        "stop_kl_prox": last.get("stop_kl_prox"),
+        "kl_prox_last": last.get("kl_prox"),
+        "reward_mean": mean("reward_mean"),
+        "hint_adv_mean": mean("hint_adv_mean"),
+    }
 
 
 async def settle(trainer: Trainer, traffic: Traffic, check_alive, timeout_s: float = 900) -> None:
@@ -347,6 +370,17 @@ async def drive(args: argparse.Namespace, stack: Any, keys: dict[str, str], trai
     return run
 
 
+def knob_setting(text: str) -> tuple[str, Any]:
+    """``KNOB=VALUE`` with a JSON value (a bare word is taken as a string)."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected KNOB=VALUE, got {text!r}")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
+
+
 def model_dir() -> Path:
     """The packaged model, converted once into the bench's cache (not per run)."""
     from core.settings import Settings
@@ -367,7 +401,12 @@ def setup(data_dir: Path, args: argparse.Namespace) -> tuple[Any, dict[str, str]
     url = settings.effective_database_url
     mig.upgrade(url)
     factory = session_factory(make_engine(url))
-    training = {"threshold": args.train_every, "schedule_minutes": 10_080.0, "seed": args.seed}
+    training = {
+        **args.training,
+        "threshold": args.train_every,
+        "schedule_minutes": 10_080.0,
+        "seed": args.seed,
+    }
     with transaction(factory) as db:
         project = ensure_project(db, PROJECT)
         project.settings = {
@@ -389,11 +428,22 @@ def main() -> None:
     ap.add_argument("--train-every", type=int, default=16, help="the trainer's threshold")
     ap.add_argument("--eval-every", type=int, default=16, help="ratings between curve points")
     ap.add_argument("--wave", type=int, default=16, help="sessions sent at once")
+    ap.add_argument(
+        "--set",
+        dest="training",
+        action="append",
+        type=knob_setting,
+        default=[],
+        metavar="KNOB=VALUE",
+        help="a training knob other than its default (a JSON value, or a word), e.g. "
+        "hint_teacher=policy or hint_weight=2; the README's table uses none",
+    )
     ap.add_argument("--port", type=int, default=8700)
     ap.add_argument("--engine-port", type=int, default=30700)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "learning-results")
     ap.add_argument("--keep", action="store_true", help="keep the run's data directory")
     args = ap.parse_args()
+    args.training = dict(args.training)
 
     from rlgate.demo_curve import commit
     from rlgate.up import launch
@@ -437,6 +487,7 @@ def main() -> None:
         "train_every": args.train_every,
         "eval_every": args.eval_every,
         "wave": args.wave,
+        "training_settings": args.training,
         "training_runs": runs,
         "sessions": run.sessions,
         "train_answers_liked": run.liked,
