@@ -61,10 +61,10 @@ class TrainConfig(LossConfig):
         0.1, bounds=(0.0, 1.0), help="EMA step of the per-task running baseline (singletons)"
     )
     hint_teacher: str = knob(
-        "base",
-        choices=("base", "policy"),
-        help="who scores a hinted answer (trainer/hints.py): the base model (adapter off) or "
-        "the policy before this run's update",
+        "policy",
+        choices=("policy", "base"),
+        help="who scores a hinted answer (trainer/hints.py): the policy before this run's "
+        "update, or the base model (adapter off)",
     )
     # trust region
     kl_prox_target: float | None = knob(

@@ -258,6 +258,6 @@ def test_a_run_records_the_hint_its_teacher_saw(migrated_db, tmp_path: Path, mon
     assert run.config["data_stats"]["hints"] == 1, run.config
     assert run.config["data_stats"]["run_metrics"]["hint_adv_mean"] is not None
     assert [(h.interaction_id, h.origin, h.text, h.teacher) for h in hints] == [
-        (iid, "comment", HINT, "base")
+        (iid, "comment", HINT, TrainConfig().hint_teacher)
     ]
     assert hints[0].adv_mean is not None
