@@ -17,6 +17,21 @@ from sqlalchemy.orm import Session
 from schemas.atdp import PolicyStatus
 from schemas.tables import PolicyVersionRow
 
+# The base model as a version: the target of a rollback or promote that serves no adapter
+# (``rlgate adapters rollback base``, the admin API's ``"target": "base"``, the dashboard's
+# button). While it serves a project, that project has no ``serving`` row and requests go
+# to the engine without an adapter. An audit event of a switch to it has this target type
+# and id; its ``previous`` names the version it replaced, and a switch away from it says
+# ``previous: "base"``.
+BASE = "base"
+BASE_TARGET_TYPE = "base_model"
+
+
+def is_base(target: object) -> bool:
+    """Whether a rollback/promote ``target`` names the base model (``base``, any case)."""
+    return isinstance(target, str) and target.strip().lower() == BASE
+
+
 # versions no engine should hold: replaced (retired) or refused by the eval gate (rejected)
 OUT_OF_SERVICE = (PolicyStatus.retired, PolicyStatus.rejected)
 

@@ -64,6 +64,7 @@ class Pipeline:
         prompt_chars_per_token: float = 16.0,
         redaction: RedactionPolicy | None = None,
         commit_wait_s: float = 5.0,
+        leases: Leases | None = None,
     ) -> None:
         self.renderer = renderer
         self.render_pool = render_pool or RenderPool()
@@ -76,7 +77,7 @@ class Pipeline:
         self.tool_parser = tool_parser
         self.reasoning = reasoning_parser
         self.default_max_tokens = default_max_tokens
-        self.leases = Leases()
+        self.leases = leases or Leases()  # read by the adapter sync and background unloads
         self._context_checked = False
         self.redaction = redaction or RedactionPolicy(None)  # off unless configured
         self.commit_wait_s = commit_wait_s

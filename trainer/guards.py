@@ -292,8 +292,14 @@ def enforce(factory: sessionmaker[Session], settings: Any, project_id: str) -> d
         trip.p_value if trip.p_value is not None else float("nan"),
         b.name,
     )
-    result = serve_version(
-        project_id, b.version, actor="guard", settings=settings, factory=factory, details=details
+    result = serve_version(  # answers once switched; a gateway unloads the collapsed one
+        project_id,
+        b.version,
+        actor="guard",
+        settings=settings,
+        factory=factory,
+        details=details,
+        unload=False,
     )
     return {**details, "serving": result["name"]}
 
