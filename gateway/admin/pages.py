@@ -245,6 +245,8 @@ def _serving_text(result: dict[str, Any]) -> str:
     unload = result.get("unload")
     if not unload:
         return f"{what} is serving"
+    if not unload["in_flight"]:
+        return f"{what} is serving; {unload['name']} is being unloaded from the engines"
     return (
         f"{what} is serving; {unload['name']} is unloaded from the engines when the "
         f"{unload['in_flight']} request(s) still on it are done (Adapters: Unloading)"
