@@ -37,7 +37,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.serving_version import serving_version
+from core.serving_version import BASE, serving_version
 from schemas.atdp import PolicyStatus
 from schemas.tables import InteractionRow, PolicyVersionRow
 from trainer.config import TrainConfig
@@ -199,7 +199,7 @@ def _betainc(a: float, b: float, x: float) -> float:
 def serving_measured(db: Session, project_id: str, cfg: TrainConfig) -> bool:
     """Has the serving version (or the base model) enough rated units to be judged?"""
     row = serving_version(db, project_id)
-    name = row.name if row else "base"
+    name = row.name if row else BASE
     rated = (
         InteractionRow.project_id == project_id,
         InteractionRow.policy_version == name,

@@ -375,7 +375,7 @@ def eval_gate(
         "eval_verifier": cfg.verifier,
         "eval_prompts": len(cfg.prompts),
         "eval_margin": cfg.margin,
-        "eval_serving_adapter": serving or "base",
+        "eval_serving_adapter": serving or BASE,
     }
     try:
         scores = eval_scores(engine_url, [new, serving], cfg, headers, params, project_id, budget_s)
