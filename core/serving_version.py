@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from core.live_adapters import live_path
 from schemas.atdp import PolicyStatus
 from schemas.tables import PolicyVersionRow
 
@@ -69,13 +70,18 @@ def serving_versions(db: Session) -> dict[str, PolicyVersionRow]:
 
 def adapters_in_service(db: Session) -> tuple[dict[str, str], set[str]]:
     """Across projects: (serving adapter name -> its stored path, the names of versions
-    out of service), what every engine should and should not hold."""
+    out of service), what every engine should and should not hold.
+
+    A retired version whose live directory exists (core/live_adapters.py) is not counted
+    out of service: a rollback or promote to it made that directory and loads it into the
+    engines before it switches, so an adapter sync round that read the old status must not
+    unload it in between. Every retirement removes the live directory first."""
     serving: dict[str, str] = {}
     out: set[str] = set()
     rows = db.execute(select(PolicyVersionRow.name, PolicyVersionRow.path, PolicyVersionRow.status))
     for name, path, status in rows:
         if status == PolicyStatus.serving:
             serving[name] = path
-        elif status in OUT_OF_SERVICE:
+        elif status in OUT_OF_SERVICE and not (path and live_path(path).is_dir()):
             out.add(name)
     return serving, out
