@@ -6,7 +6,8 @@ pointer switched, every gateway's cached pointer dropped, the replaced version's
 directory removed). The replaced version is then unloaded here, on the gateway's event
 loop: first wait until no request of this gateway holds it (gateway/adapter_leases.py),
 at most ``RLGATE_UNLOAD_WAIT_S``; then unload it from every engine (each engine also
-waits for the requests other gateways sent it). Each unload writes an AuditEvent
+waits for the requests other gateways sent it), unless it was served again meanwhile.
+Each unload writes an AuditEvent
 ``adapter.unload`` (``waited_s``, ``forced``: the wait ran out and requests were still
 on it, ``in_flight``: how many, ``failed``: engines that did not unload it; the adapter
 sync retries those). ``GET /admin/api/unloads`` and the adapters page show what each
@@ -27,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.db import transaction
 from core.keys import audit
+from core.serving_version import adapters_in_service
 from gateway.adapter_leases import Leases
 from gateway.adapter_sync import AdapterSync
 from schemas.coltypes import utcnow
@@ -100,6 +102,9 @@ class Unloads:
     async def _run(self, u: Unload) -> None:
         try:
             released = await self.leases.wait_released(u.name, u.wait_s)
+            if not await asyncio.to_thread(self._still_out, u.name):
+                log.info("%s serves again (promoted or rolled back to meanwhile): kept", u.name)
+                return
             u.state = UNLOADING
             in_flight = self.leases.count(u.name)
             failed = await self.sync.unload_everywhere(u.name)
@@ -128,6 +133,11 @@ class Unloads:
             )
         finally:
             self._pending.pop(u.name, None)
+
+    def _still_out(self, name: str) -> bool:
+        """Whether ``name`` is still out of service (not served again since its switch)."""
+        with self.factory() as db:
+            return name in adapters_in_service(db)[1]
 
     def _audit(self, u: Unload, details: dict[str, Any]) -> None:
         with transaction(self.factory) as db:

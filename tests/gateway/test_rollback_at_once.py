@@ -238,6 +238,33 @@ def test_promote_from_base_and_the_default_rollback_to_it(fast: FastStack, admin
     _wait(lambda: V[2] not in fast.engine.adapters, "v2 was not unloaded")
 
 
+def test_a_version_served_again_before_its_unload_is_kept(fast: FastStack, admin, db) -> None:  # type: ignore[no-untyped-def]
+    """v1 is promoted, a request on it is held, a rollback to the base model starts v1's
+    background unload; v1 is promoted again before that request ends: when it ends, v1
+    is kept (it serves), and no unload reaches the engine."""
+    engine = fast.engine
+    assert _act(fast, admin, "promote", target=V[1]).status_code == 200
+    start, unloads_before = len(engine.arrivals), len(engine.unloads)
+    engine.hold()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            long = pool.submit(_chat, fast)
+            assert engine.wait_arrivals(start + 1)[start]["lora_path"] == V[1]
+            away = _act(fast, admin, "rollback", target="base")
+            assert away.status_code == 200 and away.json()["unload"]["name"] == V[1]
+            back = _act(fast, admin, "promote", target=V[1])
+            assert back.status_code == 200 and back.json()["name"] == V[1], back.text
+            engine.open()
+            assert long.result().status_code == 200
+    finally:
+        engine.open()
+    _wait(lambda: not _unloads(fast, admin), "the unload of v1 still shows as pending")
+    rounds = engine.listings
+    _wait(lambda: engine.listings >= rounds + 3, "no adapter sync round ran")
+    assert V[1] in engine.adapters and len(engine.unloads) == unloads_before
+    assert _act(fast, admin, "rollback", target="base").status_code == 200  # as before
+
+
 @pytest.mark.parametrize(
     "action,body,status,says",
     [
