@@ -31,6 +31,7 @@ API_GETS = [
     "/admin/api/runs",
     "/admin/api/runs/run_2",
     "/admin/api/adapters",
+    "/admin/api/unloads",
     "/admin/api/keys",
 ]
 FORM_POSTS = [
