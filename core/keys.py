@@ -20,6 +20,7 @@ import hashlib
 import hmac
 import secrets
 from datetime import datetime
+from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -31,6 +32,14 @@ from schemas.tables import ApiKeyRow, AuditEventRow, ProjectRow, SessionRow
 PREFIX_MAX = 8  # characters of a secret a key list may show
 MIN_CHOSEN_LEN = 32  # minimum length of a caller-chosen key (AReaL's api_key)
 MAX_PARENT_DEPTH = 8
+# where `rlgate up` keeps the agent and admin keys it prints, in its data directory
+# (rlgate/up_keys.py writes it; the dashboard's login page names it)
+UP_KEYS_FILE = "up-keys.json"
+
+
+def up_keys_path(data_dir: Path) -> Path:
+    """The file of `rlgate up`'s keys in ``data_dir`` (its ``"admin"`` entry: an admin key)."""
+    return Path(data_dir) / UP_KEYS_FILE
 
 
 def new_id(prefix: str) -> str:

@@ -14,8 +14,24 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from core.live_adapters import live_path
 from schemas.atdp import PolicyStatus
 from schemas.tables import PolicyVersionRow
+
+# The base model as a version: the target of a rollback or promote that serves no adapter
+# (``rlgate adapters rollback base``, the admin API's ``"target": "base"``, the dashboard's
+# button). While it serves a project, that project has no ``serving`` row and requests go
+# to the engine without an adapter. An audit event of a switch to it has this target type
+# and id; its ``previous`` names the version it replaced, and a switch away from it says
+# ``previous: "base"``.
+BASE = "base"
+BASE_TARGET_TYPE = "base_model"
+
+
+def is_base(target: object) -> bool:
+    """Whether a rollback/promote ``target`` names the base model (``base``, any case)."""
+    return isinstance(target, str) and target.strip().lower() == BASE
+
 
 # versions no engine should hold: replaced (retired) or refused by the eval gate (rejected)
 OUT_OF_SERVICE = (PolicyStatus.retired, PolicyStatus.rejected)
@@ -54,13 +70,18 @@ def serving_versions(db: Session) -> dict[str, PolicyVersionRow]:
 
 def adapters_in_service(db: Session) -> tuple[dict[str, str], set[str]]:
     """Across projects: (serving adapter name -> its stored path, the names of versions
-    out of service), what every engine should and should not hold."""
+    out of service), what every engine should and should not hold.
+
+    A retired version whose live directory exists (core/live_adapters.py) is not counted
+    out of service: a rollback or promote to it made that directory and loads it into the
+    engines before it switches, so an adapter sync round that read the old status must not
+    unload it in between. Every retirement removes the live directory first."""
     serving: dict[str, str] = {}
     out: set[str] = set()
     rows = db.execute(select(PolicyVersionRow.name, PolicyVersionRow.path, PolicyVersionRow.status))
     for name, path, status in rows:
         if status == PolicyStatus.serving:
             serving[name] = path
-        elif status in OUT_OF_SERVICE:
+        elif status in OUT_OF_SERVICE and not (path and live_path(path).is_dir()):
             out.add(name)
     return serving, out

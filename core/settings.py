@@ -87,6 +87,13 @@ class Settings(BaseSettings):
         description="How often each gateway checks that every engine holds the serving "
         "adapters, loading those an engine lacks (one that restarted or joined).",
     )
+    unload_wait_s: float = Field(
+        600.0,
+        gt=0,
+        description="After a rollback or promote, how long the gateway waits for its "
+        "requests still on the replaced adapter before unloading it anyway (audited "
+        "`adapter.unload` with `forced: true`). The switch itself answers at once.",
+    )
     adapter_dir: Path | None = Field(
         None,
         description="Where trained adapters are written, and what every engine must be "

@@ -1,5 +1,8 @@
-"""Which adapters the requests in flight hold (``Leases``): an old version is unloaded
-from the engines only when no request of this gateway still uses it."""
+"""Which adapters the requests in flight hold (``Leases``): every generation of the
+pipeline (gateway/pipeline.py) holds a lease on its adapter from the engine call to its
+last token. Two readers: a background unload of a replaced version waits for its count
+to reach zero (gateway/unloads.py), and the adapter sync never unloads a retired version
+this gateway still has requests on (gateway/adapter_sync.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +17,10 @@ class Leases:
         self.counts: dict[str, int] = defaultdict(int)
         self._cond = asyncio.Condition()
 
+    def count(self, name: str) -> int:
+        """Requests in flight on ``name`` now."""
+        return self.counts.get(name, 0)
+
     async def acquire(self, name: str) -> None:
         async with self._cond:
             self.counts[name] += 1
@@ -25,8 +32,13 @@ class Leases:
                 del self.counts[name]
             self._cond.notify_all()
 
-    async def wait_released(self, name: str, timeout: float = 600.0) -> None:
-        async with self._cond:
-            await asyncio.wait_for(
-                self._cond.wait_for(lambda: self.counts.get(name, 0) == 0), timeout
-            )
+    async def wait_released(self, name: str, timeout: float) -> bool:
+        """Wait until no request holds ``name``; False if some still do after
+        ``timeout`` seconds."""
+        try:
+            async with asyncio.timeout(timeout):
+                async with self._cond:
+                    await self._cond.wait_for(lambda: self.counts.get(name, 0) == 0)
+        except TimeoutError:
+            return False
+        return True

@@ -7,7 +7,9 @@ the serving versions itself instead of waiting for the trainer's tick:
   from the version's live directory, which the trainer created: core/live_adapters.py;
   engines must read it at that path: RLGATE_ADAPTER_DIR) and unloads retired or
   rejected versions it still holds (core/engine_protocol.py ``sync_plan``, the trainer's
-  tick uses the same plan);
+  tick uses the same plan), except one that a request of this gateway still uses
+  (gateway/adapter_leases.py): it goes in a later round, or with the background unload
+  of the switch that retired it (gateway/unloads.py);
 - between two rounds, an engine that answers 400 to a request naming an adapter is asked
   whether it lacks it (``check``). If it does, the engine client marks it and tries the
   next engine on the session's ring, and a round starts at once. Behind an sglang-router
@@ -36,6 +38,7 @@ from core import engine_protocol as proto
 from core.engine_workers import allowed_workers
 from core.live_adapters import live_path
 from core.serving_version import adapters_in_service
+from gateway.adapter_leases import Leases
 from gateway.engine_client import EngineClient
 
 log = logging.getLogger("rlgate.gateway")
@@ -50,8 +53,10 @@ class AdapterSync:
         factory: sessionmaker[Session],
         interval_s: float = 5.0,
         router_workers: list[str] | None = None,
+        leases: Leases | None = None,
     ) -> None:
         self.engines = engines
+        self.leases = leases or Leases()  # this gateway's requests in flight per adapter
         self.router_workers = router_workers or []  # the operator's list (patterns)
         self.factory = factory
         self.interval_s = interval_s
@@ -128,6 +133,15 @@ class AdapterSync:
             log.warning("could not unload retired %s from %s: %s", name, url, message[:300])
         return ok
 
+    async def unload_everywhere(self, name: str) -> list[str]:
+        """Unload ``name`` from every engine (one that does not hold it counts as done);
+        returns the engines where it failed (a later round retries them)."""
+        failed = []
+        for url in await self.workers():
+            if not await self.unload(url, name):
+                failed.append(url)
+        return failed
+
     # ---- bringing engines to the serving versions -----------------------------------
 
     async def sync_once(self) -> list[str]:
@@ -147,6 +161,8 @@ class AdapterSync:
                         lacking.discard(name)
                         done.append(f"{url}:{name}")
                 for name in plan.unload:
+                    if self.leases.count(name):  # in use here: unloaded once it is not
+                        continue
                     if await self.unload(url, name):
                         done.append(f"-{url}:{name}")
                 if slot := self.engines.slot(url):

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.db import transaction
 from core.feedback_rules import AGENT_KEYS_RATE, agent_keys_rate
 from core.keys import audit, create_key, revoke_key
-from core.serving_version import serving_version
+from core.serving_version import BASE, is_base, serving_version
 from core.settings import Settings
 from schemas.atdp import KeyKind, PolicyStatus, RunStatus
 from schemas.tables import ApiKeyRow, AuditEventRow, PolicyVersionRow, ProjectRow
@@ -150,13 +150,19 @@ def _version(db: Session, project_id: str, target: str) -> PolicyVersionRow:
         q = q.where((PolicyVersionRow.name == target) | (PolicyVersionRow.id == target))
     pv = db.scalars(q).first()
     if pv is None:
-        raise ActionError(404, f"no policy version {target!r} in project {project_id!r}")
+        raise ActionError(
+            404,
+            f"no policy version {target!r} in project {project_id!r} (a name, id, version "
+            f"number, or {BASE!r} for the base model)",
+        )
     return pv
 
 
-def previous_version(db: Session, project_id: str) -> PolicyVersionRow | None:
-    """The version served before the current one: the ``previous`` of the last
-    promote/rollback audit event, else the newest retired version below the serving one."""
+def previous_version(db: Session, project_id: str) -> str | None:
+    """The name of what served before the current version: the ``previous`` of the last
+    promote/rollback audit event (``base``: the base model), else the newest retired
+    version below the serving one, else the base model. None while the base model
+    serves (nothing to roll back from)."""
     serving = serving_version(db, project_id)
     if serving is None:
         return None
@@ -171,6 +177,8 @@ def previous_version(db: Session, project_id: str) -> PolicyVersionRow | None:
         .limit(1)
     ).first()
     prev_name = (events.details or {}).get("previous") if events else None
+    if is_base(prev_name):
+        return BASE
     if prev_name:
         pv = db.scalars(
             select(PolicyVersionRow).where(
@@ -178,8 +186,8 @@ def previous_version(db: Session, project_id: str) -> PolicyVersionRow | None:
             )
         ).first()
         if pv is not None and pv.status != PolicyStatus.rejected:
-            return pv
-    return db.scalars(
+            return pv.name
+    pv = db.scalars(
         select(PolicyVersionRow)
         .where(
             PolicyVersionRow.project_id == project_id,
@@ -189,30 +197,34 @@ def previous_version(db: Session, project_id: str) -> PolicyVersionRow | None:
         .order_by(PolicyVersionRow.version.desc())
         .limit(1)
     ).first()
+    return pv.name if pv is not None else BASE
 
 
 def _serve(
     factory: sessionmaker[Session],
     settings: Settings,
     project_id: str,
-    pv_id: str,
+    target: str,
     actor: str,
     action: str,
 ) -> dict[str, Any]:
-    with factory() as db:
-        pv = db.get(PolicyVersionRow, pv_id)
-        assert pv is not None
-        name, status = pv.name, pv.status
-    if status == PolicyStatus.serving:
-        return {"name": name, "previous": None, "changed": False}
-    if status == PolicyStatus.rejected:
-        raise ActionError(409, f"{name} was rejected by the eval gate; it cannot be served")
+    """Switch the project to ``target`` (a version's name, or ``base``) and answer once
+    new requests go to it: ``"unloading"`` names the replaced version, which the caller
+    unloads in the background (gateway/unloads.py). A rejected version is a 409."""
     from trainer import api
 
     try:
         return api.serve_version(
-            project_id, name, actor=actor, action=action, settings=settings, factory=factory
+            project_id,
+            target,
+            actor=actor,
+            action=action,
+            settings=settings,
+            factory=factory,
+            unload=False,
         )
+    except api.RefusedVersion as e:
+        raise ActionError(409, str(e)) from None
     except api.PublishError as e:
         raise ActionError(502, str(e)) from None
     except LookupError as e:
@@ -222,10 +234,12 @@ def _serve(
 def promote(
     factory: sessionmaker[Session], settings: Settings, project_id: str, target: str, actor: str
 ) -> dict[str, Any]:
-    """Serve ``target`` (a name, id or version number); the serving one is retired."""
+    """Serve ``target`` (a name, id, version number, or ``base``); the serving one is
+    retired."""
     with factory() as db:
-        pv_id = _version(db, project_id, target).id
-    return _serve(factory, settings, project_id, pv_id, actor, "adapter.promote")
+        _project(db, project_id)
+        name = BASE if is_base(target) else _version(db, project_id, target).name
+    return _serve(factory, settings, project_id, name, actor, "adapter.promote")
 
 
 def rollback(
@@ -235,22 +249,31 @@ def rollback(
     actor: str,
     target: str | None = None,
 ) -> dict[str, Any]:
-    """Re-serve ``target``, or (None) the version served before the current one."""
+    """Re-serve ``target`` (as :func:`promote`), or (None) what served before the current
+    version: an earlier version, or the base model after the first one."""
     with factory() as db:
+        _project(db, project_id)
         if target:
-            pv = _version(db, project_id, target)
+            name = BASE if is_base(target) else _version(db, project_id, target).name
         else:
-            pv = previous_version(db, project_id)
-            if pv is None:
-                raise ActionError(409, f"project {project_id!r} has no earlier version to serve")
-        pv_id = pv.id
-    return _serve(factory, settings, project_id, pv_id, actor, "adapter.rollback")
+            name = previous_version(db, project_id)
+            if name is None:
+                raise ActionError(
+                    409,
+                    f"project {project_id!r} already serves the base model; nothing to roll back",
+                )
+    return _serve(factory, settings, project_id, name, actor, "adapter.rollback")
 
 
 def retire(
     factory: sessionmaker[Session], project_id: str, target: str, actor: str
 ) -> dict[str, Any]:
-    """Mark a candidate (or an already retired) version retired; never the serving one."""
+    """Mark a candidate (or an already retired) version retired; never the serving one,
+    nor the base model."""
+    if is_base(target):
+        raise ActionError(
+            409, "the base model cannot be retired; it is what serves without a version"
+        )
     with transaction(factory) as db:
         pv = _version(db, project_id, target)
         if pv.status == PolicyStatus.serving:

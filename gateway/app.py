@@ -25,6 +25,7 @@ from core.errors import APIError
 from core.migrate import current
 from core.settings import ConfigError, Settings, get_settings
 from gateway import exposure
+from gateway.adapter_leases import Leases
 from gateway.adapter_sync import AdapterSync
 from gateway.api.registry import APIS
 from gateway.auth import Authenticator
@@ -45,6 +46,7 @@ from gateway.serving_cache import ServingPolicy
 from gateway.sessions import SessionStore
 from gateway.state import Gateway
 from gateway.templating import ChatRenderer, load_tokenizer
+from gateway.unloads import Unloads
 
 log = logging.getLogger("rlgate.gateway")
 
@@ -88,9 +90,11 @@ def build_gateway(settings: Settings) -> Gateway:
         router=settings.engine_router_url or None,
         queue_wait_s=settings.engine_queue_wait_s,
     )
+    leases = Leases()  # requests in flight per adapter: the pipeline's, read by the two below
     adapter_sync = AdapterSync(
-        engines, factory, settings.engine_sync_s, settings.engine_router_worker_list
+        engines, factory, settings.engine_sync_s, settings.engine_router_worker_list, leases
     )
+    unloads = Unloads(leases, adapter_sync, factory, settings.unload_wait_s)
     sessions = SessionStore(factory, settings.session_idle_timeout_s)
     next_turn = NextTurnDispatch(factory)
     recorder = Recorder(
@@ -119,6 +123,7 @@ def build_gateway(settings: Settings) -> Gateway:
         prompt_chars_per_token=settings.prompt_chars_per_token,
         redaction=RedactionPolicy(factory, settings.redact, settings.redact_patterns),
         commit_wait_s=settings.commit_wait_s,
+        leases=leases,
     )
     admin = settings.admin_key.get_secret_value() if settings.admin_key else None
     auth = Authenticator(factory, admin, settings.default_project, settings.session_key_grace_s)
@@ -133,6 +138,7 @@ def build_gateway(settings: Settings) -> Gateway:
         tokenizer,
         adapter_sync,
         next_turn,
+        unloads,
     )
 
 
@@ -165,6 +171,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             for task in tasks:
                 task.cancel()
+            if gw.unloads is not None:
+                await gw.unloads.close()
             if notices is not None:
                 await asyncio.to_thread(notices.stop)
             await gw.engines.close()

@@ -67,11 +67,6 @@ MAX_CLIENT_KEY = MAX_SHORT - len(CLIENT_KEY_PREFIX)  # stored with the prefix in
 MAX_ABS = 1e15  # bound on a scalar value, min and max: the arithmetic stays exact enough
 
 
-class Unprocessable(APIError):
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(422, message, param=param)
-
-
 # ---- normalization ----------------------------------------------------------------------
 
 
@@ -101,9 +96,9 @@ def normalize(
     """(value as stored, reward in [-1, 1], scale_min, scale_max) for a rating.
 
     Linear onto [-1, 1]: ``binary`` down/up -> -1/1; ``stars-5`` 1..5 -> -1..1;
-    ``scalar`` min..max (default 0..1) -> -1..1. Out of range -> 422. Value, min and
-    max must be finite and within +-1e15 (400), so the arithmetic cannot overflow and
-    no NaN can become a reward.
+    ``scalar`` min..max (default 0..1) -> -1..1. Out of range -> 400, as every other
+    bad body (the value names its range). Value, min and max must be finite and within
+    +-1e15, so the arithmetic cannot overflow and no NaN can become a reward.
     """
     scale = canonical_scale(scale)
     if scale != "scalar" and (lo is not None or hi is not None):
@@ -117,7 +112,7 @@ def normalize(
             elif value in (0, -1):
                 up = False
             else:
-                raise Unprocessable(
+                raise bad_request(
                     f"binary value {value} is out of range: use true/false, 1/0, 1/-1, "
                     "up/down or thumbs_up/thumbs_down",
                     "value",
@@ -125,7 +120,7 @@ def normalize(
         elif isinstance(value, str) and value.strip().lower() in _UP | _DOWN:
             up = value.strip().lower() in _UP
         else:
-            raise Unprocessable(
+            raise bad_request(
                 "binary value must be true/false, 1/0, 1/-1, up/down or thumbs_up/thumbs_down",
                 "value",
             )
@@ -133,14 +128,14 @@ def normalize(
     v = _finite(value, "value")
     if scale == "stars-5":
         if not 1 <= v <= 5:
-            raise Unprocessable(f"stars-5 value {v:g} is out of range: use 1 to 5", "value")
+            raise bad_request(f"stars-5 value {v:g} is out of range: use 1 to 5", "value")
         return v, _clip((v - 3.0) / 2.0), None, None
     low = 0.0 if lo is None else _finite(lo, "min")
     high = 1.0 if hi is None else _finite(hi, "max")
     if not high > low:
         raise bad_request(f"'max' ({high:g}) must be greater than 'min' ({low:g})", "max")
     if not low <= v <= high:
-        raise Unprocessable(
+        raise bad_request(
             f"scalar value {v:g} is out of range: use {low:g} to {high:g} "
             "(or send 'min' and 'max')",
             "value",
@@ -159,7 +154,7 @@ def _clip(x: float) -> float:
 
 
 def parse_feedback(body: Any) -> FeedbackInput:
-    """Check a ``POST /feedback`` body; 400 for a malformed one, 422 for a value out of range."""
+    """Check a ``POST /feedback`` body; 400 for a malformed one or a value out of range."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     unknown = sorted(set(body) - FIELDS)

@@ -14,6 +14,7 @@ from typing import Any
 
 from core import engine_protocol as proto
 from core.errors import APIError
+from core.serving_version import BASE
 from gateway.auth import Principal
 from gateway.custom_tools import custom_names
 from gateway.cut_calls import cut_calls
@@ -41,7 +42,7 @@ class Prepared:
 
     @property
     def policy_version(self) -> str:
-        return self.adapter or "base"
+        return self.adapter or BASE
 
     def row_id(self, index: int) -> str:
         return self.interaction_id if self.req.sampling.n == 1 else f"{self.interaction_id}.{index}"

@@ -64,6 +64,7 @@ class Pipeline:
         prompt_chars_per_token: float = 16.0,
         redaction: RedactionPolicy | None = None,
         commit_wait_s: float = 5.0,
+        leases: Leases | None = None,
     ) -> None:
         self.renderer = renderer
         self.render_pool = render_pool or RenderPool()
@@ -76,7 +77,7 @@ class Pipeline:
         self.tool_parser = tool_parser
         self.reasoning = reasoning_parser
         self.default_max_tokens = default_max_tokens
-        self.leases = Leases()
+        self.leases = leases or Leases()  # read by the adapter sync and background unloads
         self._context_checked = False
         self.redaction = redaction or RedactionPolicy(None)  # off unless configured
         self.commit_wait_s = commit_wait_s
@@ -116,11 +117,19 @@ class Pipeline:
         return ids
 
     async def prepare(
-        self, p: Principal, req: GenerationRequest, prefix: str, *, fit_max_tokens: bool = False
+        self,
+        p: Principal,
+        req: GenerationRequest,
+        prefix: str,
+        *,
+        fit_max_tokens: bool = False,
+        client_agent: str | None = None,
     ) -> Prepared:
         """The call made ready to generate: its prompt rendered and tokenized (once), its
         output limit (``output_limit``; ``fit_max_tokens``: the client's limit is an upper
-        bound), its session and the serving adapter."""
+        bound), its session and the serving adapter. A new session's agent is the call's
+        ``metadata.agent_name``, else ``client_agent`` (gateway/client_agent.py: from the
+        client's headers)."""
         require_model_key(p)
         forced = None
         if req.tools:  # grammars a request's tools drive: checked, converted off the loop
@@ -138,6 +147,7 @@ class Pipeline:
             where="messages" if req.raw_prompt is None else "prompt",
         )
         agent = req.metadata.get("agent_name") if isinstance(req.metadata, dict) else None
+        agent = agent or client_agent
         args = (p, req.messages, req.protocol, req.session_hint, agent)
         if self.sessions.needs_db(p, req.messages, req.session_hint):
             session = await asyncio.to_thread(self.sessions.resolve, *args)

@@ -20,6 +20,7 @@ from gateway.metrics import Metrics
 from gateway.next_turn import NextTurnDispatch
 from gateway.pipeline import Pipeline
 from gateway.recorder import Recorder
+from gateway.unloads import Unloads
 
 
 @dataclass
@@ -34,3 +35,4 @@ class Gateway:
     tokenizer: Any
     adapter_sync: AdapterSync
     next_turn: NextTurnDispatch | None = None  # queues the next-turn task after a commit
+    unloads: Unloads | None = None  # background unloads of replaced versions

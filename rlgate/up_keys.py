@@ -15,9 +15,9 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from core.keys import create_key, find_key, key_usable, revoke_key
+from core.keys import UP_KEYS_FILE, create_key, find_key, key_usable, revoke_key, up_keys_path
 
-KEYS_FILE = "up-keys.json"
+KEYS_FILE = UP_KEYS_FILE
 KINDS = ("agent", "admin")
 
 
@@ -29,7 +29,7 @@ class UpKeys:
 
 
 def keys_path(data_dir: Path) -> Path:
-    return data_dir / KEYS_FILE
+    return up_keys_path(data_dir)
 
 
 def _read(path: Path) -> dict[str, str]:

@@ -17,11 +17,12 @@ from core.settings import Settings
 from schemas.tables import FeedbackRow
 from trainer import hooks
 from trainer.metrics import CHARTS
-from trainer.publish import PublishError
+from trainer.publish import PublishError, RefusedVersion
 
 __all__ = [
     "CHARTS",
     "PublishError",
+    "RefusedVersion",
     "after_feedback",
     "check_training",
     "effective_training",
@@ -238,14 +239,24 @@ def serve_version(
     action: str,
     settings: Settings | None = None,
     factory: sessionmaker[Session] | None = None,
+    unload: bool = True,
 ) -> dict[str, Any]:
-    """Serve a version (name or number) of the project; an AuditEvent ``action``.
-    :class:`PublishError` when an engine refused it, LookupError for an unknown one."""
+    """Serve a version (name, number, or ``base``: the base model) of the project; an
+    AuditEvent ``action``. :class:`PublishError` when an engine refused it, LookupError
+    for an unknown one, :class:`RefusedVersion` for a rejected one. ``unload`` False:
+    answer once switched, ``"unloading"`` naming the replaced version (the caller unloads
+    it; trainer/serving_switch.py)."""
     from trainer import serving_switch as serving
 
     return dict(
         serving.serve_version(
-            project_id, target, actor=actor, action=action, settings=settings, factory=factory
+            project_id,
+            target,
+            actor=actor,
+            action=action,
+            settings=settings,
+            factory=factory,
+            unload=unload,
         )
     )
 

@@ -168,12 +168,16 @@ def adapters_list(project: str | None, as_json: bool) -> None:
 
 
 def _serve(project: str, target: str, action: str) -> None:
+    """Switch, print, return: the replaced version (``"unloading"``) is unloaded by the
+    gateways' adapter sync once no request of theirs uses it (trainer/serving_switch.py)."""
     from trainer import serving_switch
-    from trainer.publish import PublishError
+    from trainer.publish import PublishError, RefusedVersion
 
     try:
-        result = serving_switch.serve_version(project, target, actor="cli", action=action)
-    except (LookupError, PublishError) as e:
+        result = serving_switch.serve_version(
+            project, target, actor="cli", action=action, unload=False
+        )
+    except (LookupError, PublishError, RefusedVersion) as e:
         click.echo(f"rlgate: error: {e}", err=True)
         sys.exit(2)
     click.echo(json.dumps(result))
@@ -183,7 +187,9 @@ def _serve(project: str, target: str, action: str) -> None:
 @click.option("--project", "-p", required=True)
 @click.argument("target")
 def adapters_rollback(project: str, target: str) -> None:
-    """Serve an earlier version again (TARGET: name or version number)."""
+    """Serve an earlier version again (TARGET: name, version number, or `base` for the
+    base model). Answers once new requests go to it; the replaced version is unloaded
+    from the engines in the background when its requests are done."""
     _serve(project, target, "adapter.rollback")
 
 
@@ -191,5 +197,6 @@ def adapters_rollback(project: str, target: str) -> None:
 @click.option("--project", "-p", required=True)
 @click.argument("target")
 def adapters_promote(project: str, target: str) -> None:
-    """Serve a given version (TARGET: name or version number)."""
+    """Serve a given version (TARGET: name, version number, or `base` for the base
+    model). Answers once new requests go to it, as rollback does."""
     _serve(project, target, "adapter.promote")

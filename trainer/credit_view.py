@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.serving_version import BASE
 from schemas.tables import (
     FeedbackRow,
     InteractionRow,
@@ -172,7 +173,7 @@ def learning_curve(factory: sessionmaker[Session], project_id: str) -> list[dict
         out.append(
             {
                 "policy_version": name,
-                "version": 0 if name == "base" else (pv.version if pv is not None else None),
+                "version": 0 if name == BASE else (pv.version if pv is not None else None),
                 "requests": int(requests),
                 "rated": int(rated),
                 "mean_reward": float(mean) if mean is not None else None,

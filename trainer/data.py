@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from sqlalchemy import false, func, or_, select
 from sqlalchemy.orm import Session
 
-from core.serving_version import serving_version
+from core.serving_version import BASE, serving_version
 from schemas.tables import InteractionRow, PolicyVersionRow, SessionRow
 
-BASE_POLICY = "base"
+BASE_POLICY = BASE  # what a base-model interaction records as its policy_version
 
 
 @dataclass

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core import engine_protocol as proto
+from core.serving_version import BASE
 from trainer import verifier_specs
 from trainer.reward_registry import rates_sessions
 from trainer.verifier_specs import VerifierSpecError
@@ -234,7 +235,7 @@ def score_output(
         completion_logprobs=got.logprobs,
         temperature=0.0,
         top_p=1.0,
-        policy_version=adapter or "base",
+        policy_version=adapter or BASE,
         finish_reason=str(got.finish_reason or "stop"),
         output=ParsedOutput(text=got.text),
         usage=Usage(prompt_tokens=got.prompt_tokens or 0, completion_tokens=len(got.ids)),

@@ -37,7 +37,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.serving_version import serving_version
+from core.serving_version import BASE, serving_version
 from schemas.atdp import PolicyStatus
 from schemas.tables import InteractionRow, PolicyVersionRow
 from trainer.config import TrainConfig
@@ -199,7 +199,7 @@ def _betainc(a: float, b: float, x: float) -> float:
 def serving_measured(db: Session, project_id: str, cfg: TrainConfig) -> bool:
     """Has the serving version (or the base model) enough rated units to be judged?"""
     row = serving_version(db, project_id)
-    name = row.name if row else "base"
+    name = row.name if row else BASE
     rated = (
         InteractionRow.project_id == project_id,
         InteractionRow.policy_version == name,
@@ -292,8 +292,14 @@ def enforce(factory: sessionmaker[Session], settings: Any, project_id: str) -> d
         trip.p_value if trip.p_value is not None else float("nan"),
         b.name,
     )
-    result = serve_version(
-        project_id, b.version, actor="guard", settings=settings, factory=factory, details=details
+    result = serve_version(  # answers once switched; a gateway unloads the collapsed one
+        project_id,
+        b.version,
+        actor="guard",
+        settings=settings,
+        factory=factory,
+        details=details,
+        unload=False,
     )
     return {**details, "serving": result["name"]}
 

@@ -39,7 +39,7 @@ from core.db import transaction
 from core.engine_http import EngineHTTP, RouterError, control_urls
 from core.keys import audit
 from core.live_adapters import drop_live, make_live
-from core.serving_version import adapters_in_service, serving_in
+from core.serving_version import BASE, BASE_TARGET_TYPE, adapters_in_service, serving_in
 from core.settings import Settings
 from schemas.atdp import PolicyStatus, RunStatus
 from schemas.coltypes import utcnow
@@ -53,6 +53,10 @@ TIMEOUT_S = 660.0  # an unload waits for the requests still using the adapter (6
 
 class PublishError(Exception):
     """An engine refused or could not be reached; the message says which and why."""
+
+
+class RefusedVersion(ValueError):
+    """A version that may not serve (rejected by the eval gate); the message says why."""
 
 
 def _engine(url: str, timeout: float, headers: dict[str, str] | None) -> EngineHTTP:
@@ -174,7 +178,7 @@ def sync_engines(
 def switch_serving(
     factory: sessionmaker[Session],
     project_id: str,
-    version_id: str,
+    version_id: str | None,
     *,
     actor: str,
     action: str,
@@ -182,25 +186,28 @@ def switch_serving(
     require_newer: bool = False,
     details: dict[str, Any] | None = None,
 ) -> str | None:
-    """Atomically make ``version_id`` the project's serving version; returns the name of
-    the version it replaced (None if none). ``require_newer``: only if its version number
-    is above the serving one (a late publish retry never replaces a newer version).
-    ``details`` are added to the audit event (a guard's reason and figures)."""
+    """Atomically make ``version_id`` the project's serving version (None: the base model,
+    core/serving_version.py ``BASE``: no version serves); returns the name of the version
+    it replaced (None if none). ``require_newer``: only if its version number is above the
+    serving one (a late publish retry never replaces a newer version). ``details`` are
+    added to the audit event (a guard's reason and figures); its ``previous`` is the
+    replaced version's name, or ``base``."""
     with transaction(factory) as db:
-        target = db.get(PolicyVersionRow, version_id)
-        if target is None or target.project_id != project_id:
+        target = db.get(PolicyVersionRow, version_id) if version_id is not None else None
+        if version_id is not None and (target is None or target.project_id != project_id):
             raise LookupError(f"no policy version {version_id} in project {project_id}")
-        others = (*serving_in(project_id), PolicyVersionRow.id != version_id)
+        others = (*serving_in(project_id), PolicyVersionRow.id != (version_id or ""))
         old = db.scalars(
             select(PolicyVersionRow).where(*others).order_by(PolicyVersionRow.version.desc())
         ).all()
-        if require_newer and any(o.version > target.version for o in old):
+        if require_newer and target is not None and any(o.version > target.version for o in old):
             raise PublishError(
                 f"{target.name} is older than the serving {old[0].name}; not promoted"
             )
         db.execute(update(PolicyVersionRow).where(*others).values(status=PolicyStatus.retired))
-        target.status = PolicyStatus.serving
-        target.promoted_at = utcnow()
+        if target is not None:
+            target.status = PolicyStatus.serving
+            target.promoted_at = utcnow()
         serving_events.announce(db, project_id)  # every gateway drops its cached pointer
         if run_id:
             db.execute(
@@ -209,17 +216,22 @@ def switch_serving(
                 .values(status=RunStatus.published, error=None, finished_at=utcnow())
             )
         previous = old[0].name if old else None
+        what = (
+            ("policy_version", target.id, target.name, target.version)
+            if target is not None
+            else (BASE_TARGET_TYPE, BASE, BASE, 0)
+        )
         audit(
             db,
             actor,
             action,
             project_id,
-            "policy_version",
-            target.id,
+            what[0],
+            what[1],
             {
-                "name": target.name,
-                "version": target.version,
-                "previous": previous,
+                "name": what[2],
+                "version": what[3],
+                "previous": previous or BASE,
                 "run_id": run_id,
                 **(details or {}),
             },
@@ -363,7 +375,7 @@ def eval_gate(
         "eval_verifier": cfg.verifier,
         "eval_prompts": len(cfg.prompts),
         "eval_margin": cfg.margin,
-        "eval_serving_adapter": serving or "base",
+        "eval_serving_adapter": serving or BASE,
     }
     try:
         scores = eval_scores(engine_url, [new, serving], cfg, headers, params, project_id, budget_s)

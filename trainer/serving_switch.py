@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.db import make_engine, session_factory, transaction
 from core.keys import audit
-from core.serving_version import serving_version, serving_versions
+from core.live_adapters import drop_live
+from core.serving_version import BASE, is_base, serving_version, serving_versions
 from core.settings import Settings, get_settings
 from schemas.atdp import PolicyStatus, RunStatus
 from schemas.tables import PolicyVersionRow, ProjectRow, TrainingRunRow
@@ -109,6 +110,15 @@ def publish_version(
     return True
 
 
+def _path_of(factory: sessionmaker[Session], project_id: str, name: str) -> str | None:
+    with factory() as db:
+        return db.scalars(
+            select(PolicyVersionRow.path).where(
+                PolicyVersionRow.project_id == project_id, PolicyVersionRow.name == name
+            )
+        ).first()
+
+
 def _retire(
     factory: sessionmaker[Session],
     settings: Settings,
@@ -117,12 +127,7 @@ def _retire(
     name: str,
 ) -> None:
     """The version ``name`` was replaced: out of every engine for good (publish.retire)."""
-    with factory() as db:
-        path = db.scalars(
-            select(PolicyVersionRow.path).where(
-                PolicyVersionRow.project_id == project_id, PolicyVersionRow.name == name
-            )
-        ).first()
+    path = _path_of(factory, project_id, name)
     if path is not None:
         publish.retire(urls, name, path, settings.engine_headers)
     else:
@@ -194,12 +199,23 @@ def serve_version(
     settings: Settings | None = None,
     factory: sessionmaker[Session] | None = None,
     details: dict[str, Any] | None = None,
+    unload: bool = True,
 ) -> dict[str, Any]:
     """Re-serve an earlier (or any) version: load it if needed, switch the pointer,
-    unload the one it replaces. ``target`` is a name or a version number; ``details``
-    go into the audit event (a guard's reason and figures)."""
+    retire the one it replaces. ``target`` is a name, a version number or ``base`` (the
+    base model: core/serving_version.py ``BASE``; nothing to load, requests then go to
+    the engine without an adapter); ``details`` go into the audit event (a guard's reason
+    and figures). A rejected version is refused (LookupError is an unknown one).
+
+    ``unload``: unload the replaced version from every engine before returning (each
+    engine waits for the requests still using it). False: return once new requests go to
+    the new version; the replaced one's live directory is removed (no engine can re-load
+    it on demand) and ``"unloading"`` names it: a gateway's background unload
+    (gateway/unloads.py) or adapter sync round unloads it when its requests are done."""
     settings = settings or get_settings()
     factory = factory or db_factory(settings)
+    if is_base(target):
+        return _serve_base(project_id, actor, action, settings, factory, details, unload)
     with factory() as db:
         q = select(PolicyVersionRow).where(PolicyVersionRow.project_id == project_id)
         if isinstance(target, int) or str(target).isdigit():
@@ -208,18 +224,70 @@ def serve_version(
             q = q.where(PolicyVersionRow.name == str(target))
         pv = db.scalars(q).first()
         if pv is None:
-            raise LookupError(f"no version {target!r} in project {project_id!r}")
+            raise LookupError(
+                f"no version {target!r} in project {project_id!r} (a name, a version "
+                f"number, or {BASE!r} for the base model)"
+            )
         vid, name, path, status = pv.id, pv.name, pv.path, pv.status
     if status == PolicyStatus.serving:
         return {"name": name, "previous": None, "changed": False}
+    if status == PolicyStatus.rejected:
+        raise publish.RefusedVersion(f"{name} was rejected by the eval gate; it cannot be served")
     urls = publish.engines(settings)
     publish.load_everywhere(urls, name, publish.serve_from(path), settings.engine_headers)
     previous = publish.switch_serving(
         factory, project_id, vid, actor=actor, action=action, details=details
     )
-    if previous and previous != name:
+    return _after_switch(factory, settings, urls, project_id, name, previous, unload)
+
+
+def _serve_base(
+    project_id: str,
+    actor: str,
+    action: str,
+    settings: Settings,
+    factory: sessionmaker[Session],
+    details: dict[str, Any] | None,
+    unload: bool,
+) -> dict[str, Any]:
+    """Serve the base model: no version serves the project from now on (audited)."""
+    with factory() as db:
+        serving = serving_version(db, project_id)
+        known = serving is not None or db.get(ProjectRow, project_id) is not None
+    if not known:
+        raise LookupError(f"no project {project_id!r}")
+    if serving is None:
+        return {"name": BASE, "previous": None, "changed": False}
+    urls = publish.engines(settings) if unload else []
+    previous = publish.switch_serving(
+        factory, project_id, None, actor=actor, action=action, details=details
+    )
+    return _after_switch(factory, settings, urls, project_id, BASE, previous, unload)
+
+
+def _after_switch(
+    factory: sessionmaker[Session],
+    settings: Settings,
+    urls: list[str],
+    project_id: str,
+    name: str,
+    previous: str | None,
+    unload: bool,
+) -> dict[str, Any]:
+    """Retire the replaced version: unloaded now (``unload``), or only its live directory
+    removed and its name returned as ``unloading`` (the caller's background unload, or a
+    gateway's adapter sync, unloads it once its requests are done)."""
+    out: dict[str, Any] = {"name": name, "previous": previous, "changed": True}
+    if not previous or previous == name:
+        return out
+    if unload:
         _retire(factory, settings, urls, project_id, previous)
-    return {"name": name, "previous": previous, "changed": True}
+        return out
+    path = _path_of(factory, project_id, previous)
+    if path is not None:
+        drop_live(path)
+    out["unloading"] = previous
+    return out
 
 
 def list_versions(

@@ -19,7 +19,7 @@ from core.errors import APIError
 from gateway import admin_actions as actions
 from gateway.admin import queries
 from gateway.admin.auth import Ctx, api_ctx, project_for
-from gateway.admin.ops import db, decoder, do_action, recording_status
+from gateway.admin.ops import act, db, decoder, recording_status
 from gateway.admin.params import LISTS, int_param, list_page, paging, q
 from gateway.admin_actions import ActionError
 from gateway.request_context import gw_of, read_json
@@ -185,8 +185,17 @@ async def api_action(action: str, request: Request) -> JSONResponse:
     body = await _json_body(request)
     target = body.get("target")
     target = str(target) if target is not None else None
-    out = await asyncio.to_thread(do_action, request, ctx, action, body.get("project_id"), target)
+    out = await act(request, ctx, action, body.get("project_id"), target)
     return JSONResponse(out, status_code=202 if action == "train-now" else 200)
+
+
+@router.get("/admin/api/unloads")
+async def api_unloads(request: Request) -> JSONResponse:
+    """The background unloads of replaced versions still pending on this gateway: what
+    each waits for (``in_flight`` requests) and when it unloads anyway (gateway/unloads.py)."""
+    ctx = await api_ctx(request)
+    unloads = gw_of(request).unloads
+    return JSONResponse({"items": unloads.pending(ctx.scope) if unloads is not None else []})
 
 
 # ---- verifiers and the judge (logic and checks: trainer/api.py) -----------------------

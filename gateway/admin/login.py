@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from core.errors import APIError
+from core.keys import up_keys_path
 from gateway.admin.auth import (
     COOKIE,
     PRE_COOKIE,
@@ -35,10 +36,26 @@ router = APIRouter(include_in_schema=False)
 
 
 @router.get("/admin/login")
+def _up_keys(request: Request) -> str:
+    """Where `rlgate up` keeps the admin key it printed, for this gateway's data directory
+    (``./rlgate-data/up-keys.json`` by default), as the login page names it."""
+    path = up_keys_path(gw_of(request).settings.data_dir)
+    return str(path) if path.is_absolute() else f"./{path}"
+
+
 async def login_page(request: Request) -> Response:
     token = secrets.token_urlsafe(24)
     secret = signing_secret(request)
-    resp = html(render(request, "login.html", None, pre=token, next=safe_next(q(request, "next"))))
+    resp = html(
+        render(
+            request,
+            "login.html",
+            None,
+            pre=token,
+            next=safe_next(q(request, "next")),
+            up_keys=_up_keys(request),
+        )
+    )
     resp.set_cookie(
         PRE_COOKIE,
         sign(secret, {"t": token, "exp": time.time() + 3600}),
@@ -70,7 +87,16 @@ async def login(request: Request) -> Response:
         if status in (401, 403):  # a guessed key: spend one of this IP's attempts
             await login_limited(request, take=True)
         return html(
-            render(request, "login.html", None, pre=pre["t"], next=nxt, error=message), status
+            render(
+                request,
+                "login.html",
+                None,
+                pre=pre["t"],
+                next=nxt,
+                error=message,
+                up_keys=_up_keys(request),
+            ),
+            status,
         )
 
     key = form.get("key", "").strip()

@@ -44,10 +44,28 @@ def decoder(request: Request) -> Any:
     return tok.decode if tok is not None else None
 
 
+async def act(
+    request: Request, ctx: Ctx, action: str, project: str | None, target: str | None
+) -> dict[str, Any]:
+    """An action, answered as soon as it took effect: a rollback or promote returns once
+    new requests go to the new version (this gateway's cached pointer dropped here, the
+    others' by core/serving_events.py or their cache's expiry); the replaced version is
+    unloaded in the background (gateway/unloads.py), its progress in ``"unload"``."""
+    out = await asyncio.to_thread(do_action, request, ctx, action, project, target)
+    unloading = out.pop("unloading", None)
+    if action in ("promote", "rollback") and out.get("changed"):
+        gw = gw_of(request)
+        pid = project_for(ctx, project)
+        gw.pipeline.serving.forget(pid)
+        if unloading and gw.unloads is not None:
+            out["unload"] = gw.unloads.start(pid, unloading, ctx.actor)
+    return out
+
+
 def do_action(
     request: Request, ctx: Ctx, action: str, project: str | None, target: str | None
 ) -> dict[str, Any]:
-    """Blocking; run in a thread."""
+    """Blocking; run in a thread (:func:`act` does)."""
     gw = gw_of(request)
     if action not in ACTIONS:
         raise ActionError(404, f"unknown action {action!r}; one of {', '.join(ACTIONS)}")

@@ -18,11 +18,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
+from core.serving_version import is_base
 from gateway import admin_actions as actions
 from gateway.admin import charts, learning, login, queries
 from gateway.admin.auth import Ctx, project_for
 from gateway.admin.forms import back, form_ctx, page_ctx
-from gateway.admin.ops import db, decoder, do_action, recording_status
+from gateway.admin.ops import act, db, decoder, recording_status
 from gateway.admin.params import list_page, paging, q
 from gateway.admin.render import html, render
 from gateway.admin_actions import ActionError
@@ -189,9 +190,16 @@ async def run_page(request: Request, ctx: Ctx, run_id: str) -> Response:
 async def adapters_page(request: Request, ctx: Ctx) -> Response:
     items = await db(request, queries.adapters, ctx.scope, project=q(request, "project"))
     projects = await db(request, queries.projects, ctx.scope)
+    unloads = gw_of(request).unloads
     return html(
         render(
-            request, "adapters.html", ctx, items=items, projects=projects, f=request.query_params
+            request,
+            "adapters.html",
+            ctx,
+            items=items,
+            projects=projects,
+            f=request.query_params,
+            unloads=unloads.pending(ctx.scope) if unloads is not None else [],
         )
     )
 
@@ -213,9 +221,7 @@ async def keys_page(request: Request, ctx: Ctx) -> Response:
 @form_post("/admin/actions/{action}")
 async def action_form(request: Request, ctx: Ctx, form: dict[str, str], action: str) -> Response:
     try:
-        result = await asyncio.to_thread(
-            do_action, request, ctx, action, form.get("project_id"), form.get("target")
-        )
+        result = await act(request, ctx, action, form.get("project_id"), form.get("target"))
     except ActionError as e:
         return back(form, "/admin", err=e.message)
     if action == "train-now":
@@ -227,8 +233,24 @@ async def action_form(request: Request, ctx: Ctx, form: dict[str, str], action: 
         "pause": "training paused",
         "resume": "training resumed",
         "retire": f"{result.get('name')} retired",
-    }.get(action, f"{result.get('name')} is serving")
+    }.get(action, _serving_text(result))
     return back(form, "/admin", msg=text)
+
+
+def _serving_text(result: dict[str, Any]) -> str:
+    name = result.get("name")
+    what = "the base model" if is_base(name) else name
+    if not result.get("changed", True):
+        return f"{what} already serves"
+    unload = result.get("unload")
+    if not unload:
+        return f"{what} is serving"
+    if not unload["in_flight"]:
+        return f"{what} is serving; {unload['name']} is being unloaded from the engines"
+    return (
+        f"{what} is serving; {unload['name']} is unloaded from the engines when the "
+        f"{unload['in_flight']} request(s) still on it are done (Adapters: Unloading)"
+    )
 
 
 @form_post("/admin/keys")

@@ -65,6 +65,19 @@ def _dur(seconds: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+_UP = ("up", "thumbs_up", "true", "1")
+
+
+def _rating(value: Any, scale: str | None) -> str:
+    """A rating's value as sent, a binary one as ``up`` or ``down`` (stored as the bool the
+    client's true/1/"up" or false/0/-1/"down" became: gateway/feedback.py)."""
+    if scale != "binary":
+        return _num(value)
+    if isinstance(value, str):
+        return "up" if value.strip().lower() in _UP else "down"
+    return "up" if value is True or value == 1 else "down"
+
+
 def _tok_bg(p: float) -> str:
     return f"hsl({max(0.0, min(1.0, p)) * 120:.0f},75%,82%)"
 
@@ -75,7 +88,13 @@ def _qs(args: Any, **override: Any) -> str:
     return urllib.parse.urlencode(merged)
 
 
-env.filters.update(when=_when, num=_num, dur=_dur, tokbg=_tok_bg, plural=_plural)
+env.filters.update(when=_when, num=_num, dur=_dur, tokbg=_tok_bg, plural=_plural, rating=_rating)
+# the binary scale's mapping, said where ratings are listed (gateway/feedback.py normalize)
+env.globals["binary_note"] = (
+    'binary ratings show as up or down: up (true, 1, "up") is reward 1, down (false, 0, -1, '
+    '"down") is reward -1, since rewards run from -1 to 1: a thumbs-down steers away from '
+    "that answer rather than just not rewarding it"
+)
 env.globals["qs"] = _qs
 env.globals["json_dumps"] = lambda v: json.dumps(queries.jsonable(v), indent=2, ensure_ascii=False)
 

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from core.errors import APIError
 from gateway.auth import Principal
+from gateway.client_agent import agent_of
 from gateway.pipeline import Pipeline, Prepared, StreamEvent
 from gateway.request import Completion, GenerationRequest
 from gateway.request_context import gw_of, headers_for, principal, read_json
@@ -178,7 +179,11 @@ class ApiHandler:
 
     async def prepare(self, req: GenerationRequest) -> Prepared:
         prep = await self.pipeline.prepare(
-            self.call.principal, req, self.ID_PREFIX, fit_max_tokens=self.FIT_MAX_TOKENS
+            self.call.principal,
+            req,
+            self.ID_PREFIX,
+            fit_max_tokens=self.FIT_MAX_TOKENS,
+            client_agent=agent_of(self.call.request.headers),
         )
         prep.attempt = client_attempt(self.call.request.headers)
         return prep

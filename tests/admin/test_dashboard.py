@@ -31,6 +31,7 @@ API_GETS = [
     "/admin/api/runs",
     "/admin/api/runs/run_2",
     "/admin/api/adapters",
+    "/admin/api/unloads",
     "/admin/api/keys",
 ]
 FORM_POSTS = [
@@ -185,6 +186,10 @@ def test_login_overview_and_logout(page, dash: Dash) -> None:
     page.fill("input[name=key]", "rlg_admin_not-a-real-key")
     page.click("button[type=submit]")
     assert "unknown or revoked" in page.inner_text("#login-error")
+    # where `rlgate up` keeps the admin key it printed (core/keys.py up_keys_path)
+    assert "up-keys.json" in page.inner_text("#up-keys") and "rlgate up" in page.inner_text(
+        "#up-keys"
+    )
     login(page, dash)
     assert page.inner_text("#project-p1").count("p1-policy-v2") == 1
     assert page.locator("svg#chart-reward").count() == 1
@@ -263,6 +268,34 @@ def test_promote_and_roll_back(page, dash: Dash) -> None:
     assert "adapter.promote" in actions and "adapter.rollback" in actions
 
 
+def test_serve_the_base_model_and_back(page, dash: Dash) -> None:
+    """The base model is a version (issue 38): the adapters page's button serves it (no
+    version serving, audited as the base model), then "Serve again" brings v2 back."""
+    login(page, dash)
+    page.goto(dash.url + "/admin/adapters")
+    serving = [n for n, st in _statuses(dash).items() if st == "serving"]
+    assert len(serving) == 1
+    page.click("button:has-text('Serve the base model')")
+    page.wait_for_selector("#flash")
+    assert "the base model is serving" in page.inner_text("#flash")
+    assert "serving" not in _statuses(dash).values()
+    assert "the base model serves (no adapter)" in page.inner_text("#rollback-p1")
+    with dash.factory() as db:
+        event = db.scalars(
+            select(AuditEventRow)
+            .where(AuditEventRow.target_type == "base_model")
+            .order_by(AuditEventRow.created_at.desc())
+        ).first()
+    assert event is not None and event.action == "adapter.rollback"
+    assert event.details["name"] == "base" and event.details["previous"] == serving[0]
+    shot(page, "adapters-base")
+    page.goto(dash.url + "/admin/adapters")
+    page.click(f"#adapter-{serving[0]} button[data-action=rollback]")
+    page.wait_for_selector("#flash")
+    assert f"{serving[0]} is serving" in page.inner_text("#flash")
+    assert _statuses(dash)[serving[0]] == "serving"
+
+
 def test_create_and_revoke_a_key(page, dash: Dash) -> None:
     login(page, dash)
     page.goto(dash.url + "/admin/keys")
@@ -303,10 +336,17 @@ def test_train_now_pause_and_resume(page, dash: Dash) -> None:
     page.wait_for_url(re.compile(r".*/admin/runs/run_[0-9a-f]+\?msg=run\+queued"))
     run_id = page.url.split("/admin/runs/")[1].split("?")[0]
     assert page.locator("#live").count() == 1  # a queued run polls for progress
+    assert "run queued" in page.inner_text("#flash")
     shot(page, "train-now")
     with dash.factory() as db:
         run = db.get(TrainingRunRow, run_id)
         assert (run.trigger, run.project_id) == ("manual", "p1")
+    # published (as a worker would): the page reloads without the one-time message
+    with dash.factory.begin() as db:
+        db.get(TrainingRunRow, run_id).status = "published"
+    page.wait_for_url(lambda url: url.endswith(f"/admin/runs/{run_id}"), timeout=30_000)
+    page.wait_for_selector("#run-status .s-published")
+    assert page.locator("#flash").count() == 0 and page.locator("#live").count() == 0
     page.goto(dash.url + "/admin/runs")
     assert int(page.inner_text("#total")) == before + 1
     assert page.locator(f"a[href='/admin/runs/{run_id}']").count() == 1

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gateway.admin.render import _num, _plural, env
+from gateway.admin.render import _num, _plural, _rating, env
 
 
 @pytest.mark.parametrize(
@@ -67,18 +67,89 @@ def _v(version: int, status: str) -> dict:
     }
 
 
-def test_rollback_button_only_with_an_earlier_version():
+def test_rollback_buttons_and_the_base_model():
+    """While a version serves, the base model is always a version to go back to: a button
+    "Serve the base model" (target ``base``); "Roll back to the previous version" only
+    where a retired version exists. While the base model serves, no rollback."""
     none = _adapters_page([])
-    assert 'data-action="rollback"' not in none and "no adapter to roll back" in none
+    assert 'data-action="rollback"' not in none and "the base model serves" in none
 
     only = _adapters_page([_v(1, "serving")])
-    assert 'data-action="rollback"' not in only
-    assert "p1-policy-v1 serves; no earlier version to roll back to" in only
+    assert only.count('data-action="rollback"') == 1
+    assert "Serve the base model (from p1-policy-v1)" in only
+    assert 'name="target" value="base"' in only
 
     candidate = _adapters_page([_v(2, "candidate"), _v(1, "serving")])
-    assert 'data-action="rollback"' not in candidate
+    assert candidate.count('data-action="rollback"') == 1  # the base model only
 
     two = _adapters_page([_v(3, "candidate"), _v(2, "serving"), _v(1, "retired")])
     assert "Roll back to the previous version (from p1-policy-v2)" in two
-    # one project-wide button, plus "Serve again" on the retired row
-    assert two.count('data-action="rollback"') == 2
+    # the previous version, the base model, and "Serve again" on the retired row
+    assert two.count('data-action="rollback"') == 3
+
+    after_base = _adapters_page([_v(2, "retired"), _v(1, "retired")])
+    assert "the base model serves (no adapter)" in after_base
+    assert after_base.count('data-action="rollback"') == 2  # "Serve again" on each
+
+
+def test_pending_unloads_are_listed():
+    request = SimpleNamespace(url=SimpleNamespace(path="/admin/adapters"), query_params={})
+    unload = {
+        "project_id": "p1",
+        "name": "p1-policy-v2",
+        "state": "waiting",
+        "in_flight": 2,
+        "waited_s": 75.0,
+        "unload_by_s": 525.0,
+    }
+    page = env.get_template("adapters.html").render(
+        request=request,
+        items=[_v(1, "serving"), _v(2, "retired")],
+        projects=["p1"],
+        f={},
+        csrf="c",
+        who=None,
+        unloads=[unload],
+    )
+    assert 'id="unload-p1-policy-v2"' in page and "1m15s" in page and "8m45s" in page
+    assert '<td class="in-flight">2</td>' in page
+
+
+@pytest.mark.parametrize(
+    "value,scale,shown",
+    [
+        (False, "binary", "down"),
+        (True, "binary", "up"),
+        (0, "binary", "down"),
+        (1, "binary", "up"),
+        (-1, "binary", "down"),
+        ("thumbs_up", "binary", "up"),
+        (4.0, "stars-5", "4"),
+        (0.25, "scalar", "0.25"),
+    ],
+)
+def test_binary_ratings_show_as_up_or_down(value, scale, shown):
+    assert _rating(value, scale) == shown
+
+
+def test_the_feedback_list_explains_the_binary_mapping():
+    request = SimpleNamespace(url=SimpleNamespace(path="/admin/feedback"), query_params={})
+    row = {
+        "created_at": None,
+        "project_id": "p1",
+        "session_id": "sess_1",
+        "target_type": "interaction",
+        "target_id": "chatcmpl-1",
+        "value": False,
+        "scale": "binary",
+        "reward": -1.0,
+        "source": "user",
+        "rater": None,
+        "comment": None,
+    }
+    page = SimpleNamespace(items=[row], total=1, page=1, pages=1)
+    out = env.get_template("feedback.html").render(
+        request=request, page=page, f={}, projects=["p1"], csrf="c", who=None
+    )
+    assert '<td class="value"' in out and ">down</td>" in out
+    assert "down (false, 0, -1" in out and "is reward -1" in out

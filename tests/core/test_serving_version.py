@@ -60,3 +60,30 @@ def test_adapters_in_service(migrated_db: Any) -> None:
         "b-policy-v2": "/adapters/b-policy-v2",
     }
     assert out == {"a-policy-v1", "a-policy-v4"}  # retired and rejected; never a candidate
+
+
+def test_a_version_being_served_again_is_not_out(migrated_db: Any, tmp_path: Any) -> None:
+    """A rollback makes the retired version's live directory, loads it, then switches: an
+    adapter sync round between the load and the switch must not unload it (issue 38: a
+    round that read the old status unloaded the version a promote had just loaded)."""
+    from sqlalchemy import update
+
+    from core.live_adapters import drop_live, make_live
+    from schemas.tables import PolicyVersionRow
+
+    _seed(migrated_db)
+    stored = tmp_path / "a" / "a-policy-v1"
+    stored.mkdir(parents=True)
+    (stored / "adapter_config.json").write_text("{}")
+    with transaction(migrated_db) as db:
+        db.execute(
+            update(PolicyVersionRow)
+            .where(PolicyVersionRow.name == "a-policy-v1")
+            .values(path=str(stored))
+        )
+    make_live(stored)  # being served again: loaded, not switched yet
+    with migrated_db() as db:
+        assert adapters_in_service(db)[1] == {"a-policy-v4"}
+    drop_live(stored)  # retired for good
+    with migrated_db() as db:
+        assert adapters_in_service(db)[1] == {"a-policy-v1", "a-policy-v4"}

@@ -1,7 +1,8 @@
 """The fast in-process tier: the real gateway app (``create_app``, real tokenizer, real
 SQLite recording) served by uvicorn in a thread of the test process, in front of a fake
 engine that speaks SGLang's native protocol (``/generate`` streamed or not, ``/health``,
-``/get_server_info``, ``/v1/models``, ``/abort_request``) and that the test controls.
+``/get_server_info``, ``/v1/models``, ``/abort_request``, ``/load_lora_adapter`` and
+``/unload_lora_adapter``, which only keep a list) and that the test controls.
 
 The fake engine answers every ``/generate`` with the same short text; while it is
 ``hold()``-ing, each request waits until the test ``release()``s it (oldest first), so a
@@ -61,6 +62,10 @@ class FakeEngine:
         self._holding = False
         self._released = 0  # how many of the held requests may finish, oldest first
         self._done = 0
+        self.adapters: dict[str, str] = {}  # loaded LoRA adapters: name -> path
+        # each /unload_lora_adapter: (name, requests naming it that had not finished)
+        self.unloads: list[tuple[str, int]] = []
+        self.listings = 0  # GET /v1/models answered (each adapter sync round asks once)
 
     # ---- control (from the test's thread) ----------------------------------------------
 
@@ -100,6 +105,13 @@ class FakeEngine:
                     return
             await asyncio.sleep(0.005)
 
+    def in_flight(self, adapter: str) -> int:
+        """Requests naming ``adapter`` that reached the engine and have not finished."""
+        with self._lock:
+            return sum(
+                1 for a in self.arrivals if a.get("lora_path") == adapter and not a.get("_done")
+            )
+
     async def generate(self, request: Request) -> Response:
         body = await request.json()
         with self._lock:
@@ -108,6 +120,7 @@ class FakeEngine:
         await self._turn(index)
         with self._lock:
             self._done += 1
+            body["_done"] = True
         if body.get("stream"):
 
             async def events() -> AsyncIterator[bytes]:
@@ -127,7 +140,26 @@ class FakeEngine:
             return JSONResponse({"context_length": 2048, "max_running_requests": 64})
 
         async def models(request: Request) -> JSONResponse:
-            return JSONResponse({"object": "list", "data": [{"id": "base"}]})
+            with self._lock:
+                self.listings += 1
+                loras = [{"id": n, "root": p, "parent": "base"} for n, p in self.adapters.items()]
+            return JSONResponse({"object": "list", "data": [{"id": "base"}, *loras]})
+
+        async def load(request: Request) -> JSONResponse:
+            body = await request.json()
+            with self._lock:
+                self.adapters[body["lora_name"]] = body["lora_path"]
+            return JSONResponse({"success": True})
+
+        async def unload(request: Request) -> JSONResponse:
+            name = (await request.json())["lora_name"]
+            busy = self.in_flight(name)
+            with self._lock:
+                self.unloads.append((name, busy))
+                if self.adapters.pop(name, None) is None:
+                    message = f"LoRA with name {name} does not exist"
+                    return JSONResponse({"success": False, "error_message": message}, 400)
+            return JSONResponse({"success": True})
 
         return Starlette(
             routes=[
@@ -136,6 +168,8 @@ class FakeEngine:
                 Route("/health", ok),
                 Route("/get_server_info", info),
                 Route("/v1/models", models),
+                Route("/load_lora_adapter", load, methods=["POST"]),
+                Route("/unload_lora_adapter", unload, methods=["POST"]),
             ]
         )
 

@@ -92,9 +92,12 @@ def test_interaction_feedback_every_scale_and_key_kind(stack):
     assert _reward(stack, iid) == pytest.approx((0.5 + 1.0 + 0.4) / 3)
 
     bad = _fb(stack, agent, interaction_id=iid, value=6, scale="stars-5")
-    assert bad.status_code == 422
+    assert bad.status_code == 400  # out of range: a 400 like every bad body (issue 38)
     assert bad.json()["error"]["param"] == "value"
     assert "1 to 5" in bad.json()["error"]["message"]
+    thumbs = _fb(stack, agent, interaction_id=iid, value=5, scale="binary")
+    assert thumbs.status_code == 400 and thumbs.json()["error"]["param"] == "value"
+    assert "out of range" in thumbs.json()["error"]["message"]
     assert _fb(stack, agent, interaction_id=iid, value=1, scale="percent").status_code == 400
     missing = _fb(stack, agent, interaction_id="chatcmpl-nope", value=True)
     assert missing.status_code == 404

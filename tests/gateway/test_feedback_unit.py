@@ -43,6 +43,7 @@ def test_normalization_is_linear_onto_minus_one_one(value, scale, lo, hi, reward
     ("value", "scale", "lo", "hi"),
     [
         (2, "binary", None, None),
+        (5, "binary", None, None),
         ("maybe", "binary", None, None),
         (0, "stars-5", None, None),
         (6, "stars-5", None, None),
@@ -51,10 +52,12 @@ def test_normalization_is_linear_onto_minus_one_one(value, scale, lo, hi, reward
         (11, "scalar", 0, 10),
     ],
 )
-def test_out_of_range_is_422(value, scale, lo, hi):
+def test_out_of_range_is_400(value, scale, lo, hi):
+    """A value out of its scale's range is a 400, as every other validation error (issue
+    38: binary ``5`` was a 422)."""
     with pytest.raises(APIError) as e:
         normalize(value, scale, lo, hi)
-    assert e.value.status == 422
+    assert e.value.status == 400
     assert e.value.param == "value"
 
 
