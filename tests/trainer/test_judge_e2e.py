@@ -204,6 +204,7 @@ def test_gateway_session_close_judge_feedback_trainer_selection(
     assert (f.target_type, f.target_id, f.rater) == ("session", sid, "judge:session")
     assert (f.value, f.reward) == (0.9, pytest.approx(0.8))
     assert (f.rationale, f.judge_model) == ("answered both questions", "openai/gpt-4o-mini")
+
     def rewards() -> dict[str, float | None]:
         with factory() as db:
             q = select(InteractionRow.id, InteractionRow.reward)
