@@ -126,3 +126,47 @@ def gateway(data_dir: Path, db_url: str, engine_url: str, **settings: str) -> It
     log = data_dir / f"gateway-{port}.log"
     with running(gateway_cmd(port), env, log, port, 120, ok=(200, 503)) as p:
         yield p
+
+
+@dataclass
+class Worker:
+    proc: subprocess.Popen
+    log: Path
+
+
+@contextmanager
+def worker(
+    data_dir: Path, db_url: str, broker_url: str, timeout: float = 120, **settings: str
+) -> Iterator[Worker]:
+    """A real ``rlgate worker`` (Celery, with its verify pool) on ``db_url`` and the broker
+    ``broker_url``, started as in production; yields once Celery says it is ready.
+    ``settings`` are more RLGATE_* variables (``verify_workers="1"``)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "RLGATE_DATA_DIR": str(data_dir),
+        "RLGATE_DATABASE_URL": db_url,
+        "RLGATE_BROKER_URL": broker_url,
+        **{f"RLGATE_{k.upper()}": v for k, v in settings.items()},
+    }
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log = data_dir / "worker.log"
+    name = f"test-{os.getpid()}-{time.monotonic_ns() % 10**6}@%h"
+    cmd = [sys.executable, "-m", "rlgate.cli", "worker", "-n", name]
+    fh = open(log, "ab")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + timeout
+        while b" ready." not in log.read_bytes():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the worker did not start:\n{log.read_text()[-4000:]}")
+            time.sleep(0.2)
+        yield Worker(proc, log)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        fh.close()

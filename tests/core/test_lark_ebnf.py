@@ -17,6 +17,7 @@ from core.ebnf_budget import MAX_DEPTH, MAX_EBNF_CHARS, EbnfBudget, GrammarTooDe
 from core.lark_ebnf import GrammarSyntaxError, lark_to_ebnf
 from core.regex_ebnf import regex_to_ebnf
 from engine.model_files import PACKAGED_MODEL, resolve_model_dir
+from tests.grammar_bombs import LARK_BOMBS, REGEX_BOMBS, nest
 from tests.servers import MODEL_CACHE
 
 # Codex CLI's apply_patch grammar (its shape: rules, alternation, literals, regex
@@ -165,24 +166,6 @@ def test_output_is_plain_ebnf() -> None:
 
 # ---- budgets (core/ebnf_budget.py) ----------------------------------------------------
 
-# four nested {0,100}: about 7 * 10**6 characters copied out in full (the issue-36 probe,
-# 15 s and 1.4 GB on the gateway's event loop before the budget); one more level, 7 * 10**8
-REGEX_BOMBS = [
-    "((((a{0,100}){0,100}){0,100}){0,100})",
-    "(((((a{0,100}){0,100}){0,100}){0,100}){0,100})",
-]
-LARK_BOMBS = [
-    'start: (((("a" ~ 0..100) ~ 0..100) ~ 0..100) ~ 0..100)',
-    "start: /((((a{0,100}){0,100}){0,100}){0,100})/",
-    # no groups: stacked repeats multiply the same way
-    'start: "a" ~ 0..100 ~ 0..100 ~ 0..100 ~ 0..100',
-]
-
-
-def _nest(depth: int, lark: bool) -> str:
-    inner = '"a"' if lark else "a"
-    return ("start: " if lark else "") + "(" * depth + inner + ")" * depth
-
 
 @pytest.mark.parametrize(
     ("lark", "bomb"),
@@ -204,7 +187,7 @@ def test_a_deep_nest_is_refused_not_a_recursion_error(lark: bool, depth: int) ->
     """Depth 400 and 5000 were RecursionErrors (500s); the limit is checked on the way
     down, long before Python's stack."""
     with pytest.raises(GrammarTooDeep) as e:
-        lark_to_ebnf(_nest(depth, True)) if lark else regex_to_ebnf(_nest(depth, False))
+        lark_to_ebnf(nest(depth, True)) if lark else regex_to_ebnf(nest(depth, False))
     assert f"more than {MAX_DEPTH} levels" in str(e.value)
 
 
@@ -219,9 +202,9 @@ def test_a_regex_terminal_nests_inside_its_lark_groups() -> None:
 def test_within_the_limits_all_is_converted() -> None:
     """The limits leave real grammars alone: depth at the limit, a list of up to 41
     words of up to 32 letters."""
-    assert regex_to_ebnf(_nest(MAX_DEPTH, False))
+    assert regex_to_ebnf(nest(MAX_DEPTH, False))
     assert len(regex_to_ebnf("([a-z_]{1,32}, ){0,40}[a-z_]{1,32}")) < MAX_EBNF_CHARS
-    assert lark_to_ebnf(_nest(MAX_DEPTH, True))
+    assert lark_to_ebnf(nest(MAX_DEPTH, True))
 
 
 def test_unexpanded_a_bomb_is_only_read() -> None:
@@ -231,4 +214,4 @@ def test_unexpanded_a_bomb_is_only_read() -> None:
     assert len(regex_to_ebnf(REGEX_BOMBS[1], budget=budget)) < 100
     assert len(lark_to_ebnf(LARK_BOMBS[0], EbnfBudget(expand=False))) < 200
     with pytest.raises(GrammarTooDeep):
-        regex_to_ebnf(_nest(400, False), budget=EbnfBudget(expand=False))
+        regex_to_ebnf(nest(400, False), budget=EbnfBudget(expand=False))

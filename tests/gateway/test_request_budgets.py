@@ -22,49 +22,17 @@ import httpx
 import pytest
 
 import gateway.pipeline
-from core.ebnf_budget import MAX_DEPTH, MAX_EBNF_CHARS
 from tests.gateway.fake_engine import FastStack, fast_stack
+from tests.grammar_bombs import BOMBS
+from tests.grammar_bombs import custom_tool_body as _body
 
 pytestmark = pytest.mark.timeout(300)
-
-REGEX_BOMB = "((((a{0,100}){0,100}){0,100}){0,100})"  # the 37 characters
-LARK_BOMB = 'start: (((("a" ~ 0..100) ~ 0..100) ~ 0..100) ~ 0..100)'
-
-
-def _deep(depth: int, syntax: str) -> str:
-    if syntax == "regex":
-        return "(" * depth + "a" + ")" * depth
-    return "start: " + "(" * depth + '"a"' + ")" * depth
-
-
-# (syntax, definition, the limit the 400 names)
-BOMBS = {
-    "regex-bomb": ("regex", REGEX_BOMB, f"more than {MAX_EBNF_CHARS} characters"),
-    "lark-bomb": ("lark", LARK_BOMB, f"more than {MAX_EBNF_CHARS} characters"),
-    "lark-regex-bomb": ("lark", f"start: /{REGEX_BOMB}/", f"more than {MAX_EBNF_CHARS}"),
-    "regex-depth-400": ("regex", _deep(400, "regex"), f"more than {MAX_DEPTH} levels"),
-    "regex-depth-5000": ("regex", _deep(5000, "regex"), f"more than {MAX_DEPTH} levels"),
-    "lark-depth-400": ("lark", _deep(400, "lark"), f"more than {MAX_DEPTH} levels"),
-    "lark-depth-5000": ("lark", _deep(5000, "lark"), f"more than {MAX_DEPTH} levels"),
-}
 
 
 @pytest.fixture(scope="module")
 def fast(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FastStack]:
     with fast_stack(tmp_path_factory.mktemp("budgets"), model_dir) as stack:
         yield stack
-
-
-def _body(syntax: str, definition: str, forced: bool) -> dict[str, Any]:
-    tool = {
-        "type": "custom",
-        "name": "t",
-        "format": {"type": "grammar", "syntax": syntax, "definition": definition},
-    }
-    body: dict[str, Any] = {"model": "m", "input": "hi", "tools": [tool], "max_output_tokens": 4}
-    if forced:
-        body["tool_choice"] = {"type": "custom", "name": "t"}
-    return body
 
 
 def _while_health(fast: FastStack, send: Any, n: int = 4) -> tuple[list[Any], list[float]]:

@@ -8,6 +8,13 @@ entries in its configuration, and one key of every kind. Every refused write cha
 nothing (settings and audit log compared before and after). The last test runs a real
 ``rlgate worker`` on specs stored before operator grants existed (the way findings 1, 2
 and 5 were exploited) and shows it runs none of them.
+
+Issue 36's rows: a session's key opens no session and ends with its session (finding 3);
+no client writes a system rating source or takes the worker's idempotency keys, and a
+project may refuse ratings from its agent keys (finding 4); every caller's request is
+bounded before any engine is asked: custom-tool grammars (findings 1 and 5) and the
+Completions prompt forms and choices. tests/security/test_shared_stack.py shows the
+medium findings live, with the real engine and worker.
 """
 
 from __future__ import annotations
@@ -31,10 +38,13 @@ from core.db import make_engine, session_factory, transaction
 from core.keys import create_key, ensure_project
 from core.migrate import upgrade
 from core.settings import get_settings
+from gateway.api.openai_chat.protocol import MAX_N
+from gateway.api.openai_completions.protocol import MAX_PROMPTS
 from schemas.atdp import FeedbackSource
 from schemas.coltypes import utcnow
 from schemas.convert import to_row
-from schemas.tables import AuditEventRow, FeedbackRow, ProjectRow, SessionRow
+from schemas.tables import AuditEventRow, FeedbackRow, InteractionRow, ProjectRow, SessionRow
+from tests.grammar_bombs import BOMBS, TOO_DEEP, custom_tool_body
 from tests.rows import interaction, session
 from tests.security.listener import Listener
 from tests.servers import REPO, free_port, gateway
@@ -337,6 +347,66 @@ def test_a_project_can_refuse_ratings_from_its_agent_keys(stack: Stack) -> None:
         r = _call(stack, "project admin", "PUT", url, {"agent_keys_rate": True})
         assert r.status_code == 200, r.text
     assert _call(stack, "project agent", "POST", "/feedback", body).status_code == 200
+
+
+# ---- issue 36, findings 1, 5 and 7: bounded work per request --------------------------
+
+CALLERS = ("project agent", "per-session")
+# a Completions body's prompt forms -> (the field the 400 names, what its message says)
+COMPLETIONS_FORMS: dict[str, tuple[Any, str, str]] = {
+    "17 prompts": (["hi"] * 17, "prompt", f"at most {MAX_PROMPTS}"),
+    "17 token-id prompts": ([[1, 2]] * 17, "prompt", f"at most {MAX_PROMPTS}"),
+    "strings and ids mixed": (["hi", [1, 2]], "prompt", "not a mix"),
+    "an empty list": ([], "prompt", "a list of token ids"),
+    "a negative token id": ([[1, -1]], "prompt", "outside this model's vocabulary"),
+    "a token id past the vocabulary": ([10**9], "prompt", "outside this model's vocabulary"),
+    "a number": (7, "prompt", "a list of token-id lists"),
+}
+
+
+def _interactions(stack: Stack) -> int:
+    with stack.factory() as db:
+        return int(db.scalar(select(func.count()).select_from(InteractionRow)) or 0)
+
+
+@pytest.mark.parametrize("forced", [True, False], ids=["forced", "offered"])
+@pytest.mark.parametrize("kind", CALLERS)
+@pytest.mark.parametrize("bomb", list(BOMBS))
+def test_a_custom_tools_grammar_is_bounded(
+    stack: Stack, kind: str, bomb: str, forced: bool
+) -> None:
+    """A nesting bomb or a deep nest in a Responses custom tool is a 400 naming the field
+    and the limit (core/ebnf_budget.py), before any engine is asked; an offered tool's
+    grammar is only read, so an offered bomb (no deep nest) passes that check."""
+    syntax, definition, limit = BOMBS[bomb]
+    before = _interactions(stack)
+    r = _call(stack, kind, "POST", "/v1/responses", custom_tool_body(syntax, definition, forced))
+    if forced or limit == TOO_DEEP:
+        assert r.status_code == 400, r.text[:500]
+        err = r.json()["error"]
+        assert err["param"] == "tools[0].format.definition" and limit in err["message"], err
+    else:  # read, then on to the engine (none in this stack): never a 400 or a 500
+        assert r.status_code in (200, 502, 503), r.text[:500]
+    assert _interactions(stack) == before
+
+
+@pytest.mark.parametrize("kind", CALLERS)
+@pytest.mark.parametrize("form", list(COMPLETIONS_FORMS))
+def test_a_completions_prompt_is_bounded(stack: Stack, kind: str, form: str) -> None:
+    prompt, param, said = COMPLETIONS_FORMS[form]
+    before = _interactions(stack)
+    r = _call(stack, kind, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 1})
+    assert r.status_code == 400, r.text[:500]
+    err = r.json()["error"]
+    assert err["param"] == param and said in err["message"], err
+    assert _interactions(stack) == before
+
+
+@pytest.mark.parametrize("kind", CALLERS)
+def test_choices_per_call_are_bounded(stack: Stack, kind: str) -> None:
+    body = {"prompt": "hi", "max_tokens": 1, "n": MAX_N + 1}
+    r = _call(stack, kind, "POST", "/v1/completions", body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text[:500]
 
 
 # ---- what a real worker does with specs stored before the change -----------------------
