@@ -35,7 +35,6 @@ from gateway.request_context import gw_of
 router = APIRouter(include_in_schema=False)
 
 
-@router.get("/admin/login")
 def _up_keys(request: Request) -> str:
     """Where `rlgate up` keeps the admin key it printed, for this gateway's data directory
     (``./rlgate-data/up-keys.json`` by default), as the login page names it."""
@@ -43,6 +42,7 @@ def _up_keys(request: Request) -> str:
     return str(path) if path.is_absolute() else f"./{path}"
 
 
+@router.get("/admin/login")
 async def login_page(request: Request) -> Response:
     token = secrets.token_urlsafe(24)
     secret = signing_secret(request)
