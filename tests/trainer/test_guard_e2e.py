@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy import select
 
 from core.db import make_engine, session_factory
+from core.live_adapters import live_path
 from core.migrate import upgrade
 from schemas.tables import AuditEventRow, PolicyVersionRow, TrainingRunRow
 from tests.trainer.helpers import make_project, record
@@ -50,6 +51,7 @@ def test_guard_rolls_back_a_worse_version_and_training_restarts_from_the_best(
 ) -> None:
     from trainer import runs
     from trainer.celery_base import make_celery
+    from trainer.publish import sync_engines
 
     upgrade(pg_url)
     factory = session_factory(make_engine(pg_url))
@@ -95,6 +97,11 @@ def test_guard_rolls_back_a_worse_version_and_training_restarts_from_the_best(
         assert run3.config["data_stats"]["skipped_rolled_back"] == 8
         assert run3.config["data_stats"]["guard"]["reason"] == "guard:reward"
         assert version(1).status == "serving" and version(2).status == "retired"
+        # the guard did not wait for v2's unload (issue 38): its live directory is gone
+        # (no engine can re-load it), and the tick's engine sync (or a gateway's adapter
+        # sync, once no request of its own uses v2) unloads it
+        assert not live_path(v2.path).exists()
+        sync_engines(factory, [engine_url])
         loaded = {m["id"] for m in httpx.get(f"{engine_url}/v1/models").json()["data"][1:]}
         assert v1.name in loaded and v2.name not in loaded
 
