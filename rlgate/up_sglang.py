@@ -35,5 +35,6 @@ def sglang_command(settings: Settings, port: int, key: str) -> list[str]:
     if not cmd:
         raise click.ClickException("RLGATE_SGLANG_COMMAND is empty; set how to start SGLang")
     cmd += ["--model-path", str(model), "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--api-key", key, *SGLANG_LORA_FLAGS, *shlex.split(settings.sglang_args)]
+    # one argument, so a random key that starts with "-" is not read as a flag
+    cmd += [f"--api-key={key}", *SGLANG_LORA_FLAGS, *shlex.split(settings.sglang_args)]
     return cmd

@@ -117,7 +117,9 @@ def _start_verify_pool(n: int, level: str, hostname: str | None) -> subprocess.P
 def train_command(once: bool, projects: tuple[str, ...], progress: bool) -> None:
     """Train on the rated samples waiting now (ignores the threshold).
 
-    With --once the run happens here; without it, it is queued for a worker.
+    With --once the run happens here, and the command exits 1 when a run failed or was
+    trained but not published (the engine refused or could not be reached; a worker
+    retries the publish); without it, the run is queued for a worker.
     """
     from sqlalchemy import select
 
@@ -137,7 +139,9 @@ def train_command(once: bool, projects: tuple[str, ...], progress: bool) -> None
             result = runner.run_training(
                 project_id, "manual", settings=settings, factory=factory, progress=progress
             )
-            failed |= result.get("status") == RunStatus.failed
+            # trained but not published (no engine took it) is not done: exit 1 with the
+            # reason in the JSON line; the worker's retry_publish tries it again
+            failed |= result.get("status") in (RunStatus.failed, RunStatus.trained_not_published)
         else:
             result = {
                 "run_id": api.train_now(project_id, "cli", factory=factory),

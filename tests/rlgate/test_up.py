@@ -219,10 +219,10 @@ def test_up_engine_sglang_starts_the_operators_command_with_rlgates_flags(tmp_pa
         sglang_command="env OMP_NUM_THREADS=1 /opt/sglang/bin/python -m sglang.launch_server",
         sglang_args="--device cpu --max-loras-per-batch 2",
     )
-    cmd = sglang_command(settings, 31234, "k3y")
+    cmd = sglang_command(settings, 31234, "-k3y")  # a random key may start with "-"
     assert cmd[:5] == shlex.split(settings.sglang_command)[:5]
     flags = " ".join(cmd)
-    assert f"--model-path {model} --host 127.0.0.1 --port 31234 --api-key k3y" in flags
+    assert f"--model-path {model} --host 127.0.0.1 --port 31234 --api-key=-k3y" in flags
     assert "--enable-lora --max-lora-rank 64 --lora-target-modules all" in flags
     assert cmd[-4:] == ["--device", "cpu", "--max-loras-per-batch", "2"]
     assert "--allowed-lora-dir" not in cmd and "--num-threads" not in cmd
