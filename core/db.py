@@ -51,6 +51,23 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def
     cur.close()
 
 
+def require_existing(url: str) -> None:
+    """ConfigError, in one line, when ``url`` is a SQLite file that does not exist: a
+    command that acts on a stack's data must not create an empty database (and its
+    directory) wherever it happens to run. Other backends are checked by connecting."""
+    parsed = make_url(normalize_url(url))
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return
+    path = Path(parsed.database)
+    if not path.exists():
+        raise ConfigError(
+            f"no rlgate database at {path.resolve()}: run this from the directory where "
+            "`rlgate up` runs (its ./rlgate-data), or set RLGATE_DATA_DIR or "
+            "RLGATE_DATABASE_URL to the stack's; `rlgate up` or `rlgate migrate` creates one "
+            "(nothing was created)"
+        )
+
+
 def make_engine(url: str, *, create_dir: bool = True) -> Engine:
     url = normalize_url(url)
     parsed = make_url(url)

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from core.live_adapters import live_path
 from schemas.atdp import PolicyStatus
-from schemas.tables import PolicyVersionRow
+from schemas.tables import AuditEventRow, PolicyVersionRow
 
 # The base model as a version: the target of a rollback or promote that serves no adapter
 # (``rlgate adapters rollback base``, the admin API's ``"target": "base"``, the dashboard's
@@ -85,3 +85,45 @@ def adapters_in_service(db: Session) -> tuple[dict[str, str], set[str]]:
         elif status in OUT_OF_SERVICE and not (path and live_path(path).is_dir()):
             out.add(name)
     return serving, out
+
+
+def previous_version(db: Session, project_id: str) -> str | None:
+    """The name of what served before the current version: the ``previous`` of the last
+    promote/rollback audit event (``base``: the base model), else the newest retired
+    version below the serving one, else the base model. None while the base model
+    serves (nothing to roll back from)."""
+    serving = serving_version(db, project_id)
+    if serving is None:
+        return None
+    events = db.scalars(
+        select(AuditEventRow)
+        .where(
+            AuditEventRow.project_id == project_id,
+            AuditEventRow.target_id == serving.id,
+            AuditEventRow.action.in_(("adapter.promote", "adapter.rollback")),
+        )
+        .order_by(AuditEventRow.created_at.desc())
+        .limit(1)
+    ).first()
+    prev_name = (events.details or {}).get("previous") if events else None
+    if is_base(prev_name):
+        return BASE
+    if prev_name:
+        pv = db.scalars(
+            select(PolicyVersionRow).where(
+                PolicyVersionRow.project_id == project_id, PolicyVersionRow.name == prev_name
+            )
+        ).first()
+        if pv is not None and pv.status != PolicyStatus.rejected:
+            return pv.name
+    pv = db.scalars(
+        select(PolicyVersionRow)
+        .where(
+            PolicyVersionRow.project_id == project_id,
+            PolicyVersionRow.status == PolicyStatus.retired,
+            PolicyVersionRow.version < serving.version,
+        )
+        .order_by(PolicyVersionRow.version.desc())
+        .limit(1)
+    ).first()
+    return pv.name if pv is not None else BASE

@@ -34,8 +34,11 @@ class ConfigError(Exception):
     """A setting that cannot work; the message is one line that says what to change."""
 
 
+ENV_PREFIX = "RLGATE_"  # every setting is an environment variable: RLGATE_<FIELD>
+
+
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="RLGATE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
     data_dir: Path = Field(
         Path("./rlgate-data"),

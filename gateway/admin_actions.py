@@ -20,10 +20,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.db import transaction
 from core.feedback_rules import AGENT_KEYS_RATE, agent_keys_rate
 from core.keys import audit, create_key, revoke_key
-from core.serving_version import BASE, is_base, serving_version
+from core.serving_version import BASE, is_base, previous_version
 from core.settings import Settings
 from schemas.atdp import KeyKind, PolicyStatus, RunStatus
-from schemas.tables import ApiKeyRow, AuditEventRow, PolicyVersionRow, ProjectRow
+from schemas.tables import ApiKeyRow, PolicyVersionRow, ProjectRow
 
 log = logging.getLogger("rlgate.admin")
 
@@ -156,48 +156,6 @@ def _version(db: Session, project_id: str, target: str) -> PolicyVersionRow:
             f"number, or {BASE!r} for the base model)",
         )
     return pv
-
-
-def previous_version(db: Session, project_id: str) -> str | None:
-    """The name of what served before the current version: the ``previous`` of the last
-    promote/rollback audit event (``base``: the base model), else the newest retired
-    version below the serving one, else the base model. None while the base model
-    serves (nothing to roll back from)."""
-    serving = serving_version(db, project_id)
-    if serving is None:
-        return None
-    events = db.scalars(
-        select(AuditEventRow)
-        .where(
-            AuditEventRow.project_id == project_id,
-            AuditEventRow.target_id == serving.id,
-            AuditEventRow.action.in_(("adapter.promote", "adapter.rollback")),
-        )
-        .order_by(AuditEventRow.created_at.desc())
-        .limit(1)
-    ).first()
-    prev_name = (events.details or {}).get("previous") if events else None
-    if is_base(prev_name):
-        return BASE
-    if prev_name:
-        pv = db.scalars(
-            select(PolicyVersionRow).where(
-                PolicyVersionRow.project_id == project_id, PolicyVersionRow.name == prev_name
-            )
-        ).first()
-        if pv is not None and pv.status != PolicyStatus.rejected:
-            return pv.name
-    pv = db.scalars(
-        select(PolicyVersionRow)
-        .where(
-            PolicyVersionRow.project_id == project_id,
-            PolicyVersionRow.status == PolicyStatus.retired,
-            PolicyVersionRow.version < serving.version,
-        )
-        .order_by(PolicyVersionRow.version.desc())
-        .limit(1)
-    ).first()
-    return pv.name if pv is not None else BASE
 
 
 def _serve(

@@ -314,6 +314,9 @@ def _register_commands() -> None:
         trainer_cli.adapters_group,
     ):
         main.add_command(command)
+    # the trainer's commands report settings and database errors as every other does
+    for command in (trainer_cli.train_command, *trainer_cli.adapters_group.commands.values()):
+        command.callback = clean_errors(command.callback)
 
 
 _register_commands()

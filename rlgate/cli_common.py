@@ -9,9 +9,10 @@ from functools import wraps
 from typing import Any
 
 import click
+from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from core.settings import ConfigError, Settings, get_settings
+from core.settings import ENV_PREFIX, ConfigError, Settings, get_settings
 
 
 def fail(message: str) -> None:
@@ -40,15 +41,30 @@ def load_settings() -> Settings:
         return get_settings()
     except ConfigError:
         raise
-    except Exception as e:  # pydantic ValidationError and TOML errors
+    except ValidationError as e:
+        raise ConfigError(f"invalid settings: {settings_errors(e)}") from None
+    except Exception as e:  # TOML errors
         raise ConfigError(f"invalid settings: {' '.join(str(e).split())}") from None
 
 
+def settings_errors(e: ValidationError) -> str:
+    """Each error as the variable an operator sets (``RLGATE_GATEWAY_PORT='eighty': Input
+    should be a valid integer``), not pydantic's field path and help URL."""
+    parts = []
+    for err in e.errors(include_url=False):
+        field = str(err["loc"][0]) if err["loc"] else ""
+        name = f"{ENV_PREFIX}{field.upper()}" if field else "settings"
+        value = f"={err['input']!r}" if not isinstance(err.get("input"), dict) else ""
+        parts.append(f"{name}{value}: {err['msg']}")
+    return "; ".join(parts)
+
+
 def open_db():  # type: ignore[no-untyped-def]
-    from core.db import check_connection, make_engine, session_factory
+    from core.db import check_connection, make_engine, require_existing, session_factory
     from core.migrate import current
 
     settings = load_settings()
+    require_existing(settings.effective_database_url)
     engine = make_engine(settings.effective_database_url)
     check_connection(engine)
     if current(settings.effective_database_url) is None:

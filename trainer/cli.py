@@ -129,6 +129,7 @@ def train_command(once: bool, projects: tuple[str, ...], progress: bool) -> None
 
     settings = get_settings()
     configure_logging(settings.log_level)
+    _stack_database()
     factory = serving_switch.db_factory(settings)
     if not projects:
         with factory() as db:
@@ -152,17 +153,27 @@ def train_command(once: bool, projects: tuple[str, ...], progress: bool) -> None
         sys.exit(1)
 
 
+def _stack_database() -> None:
+    """The configured database must exist: never create an empty one where the command
+    happens to run (core/db.py ``require_existing``)."""
+    from core.db import require_existing
+
+    require_existing(get_settings().effective_database_url)
+
+
 @click.group("adapters")
 def adapters_group() -> None:
     """List, roll back and promote adapter versions."""
 
 
 @adapters_group.command("list")
-@click.option("--project", "-p", default=None)
+@click.option("--project", "-p", default=None, help="Only this project (default: every one).")
 @click.option("--json", "as_json", is_flag=True)
 def adapters_list(project: str | None, as_json: bool) -> None:
+    """List adapter versions (every project, or one): number, status, name."""
     from trainer import serving_switch
 
+    _stack_database()
     rows = serving_switch.list_versions(project)
     if as_json:
         click.echo(json.dumps(rows, indent=1))
@@ -171,12 +182,25 @@ def adapters_list(project: str | None, as_json: bool) -> None:
         click.echo(f"{r['project']:<16} v{r['version']:<4} {r['status']:<10} {r['name']}")
 
 
-def _serve(project: str, target: str, action: str) -> None:
+def _serve(project: str, target: str | None, action: str) -> None:
     """Switch, print, return: the replaced version (``"unloading"``) is unloaded by the
-    gateways' adapter sync once no request of theirs uses it (trainer/serving_switch.py)."""
+    gateways' adapter sync once no request of theirs uses it (trainer/serving_switch.py).
+    No ``target``: what served before the current version, as the admin API does."""
+    from core.serving_version import previous_version
     from trainer import serving_switch
     from trainer.publish import PublishError, RefusedVersion
 
+    _stack_database()
+    if target is None:
+        with serving_switch.db_factory()() as db:
+            target = previous_version(db, project)
+        if target is None:
+            click.echo(
+                f"rlgate: error: project {project!r} already serves the base model; "
+                "nothing to roll back",
+                err=True,
+            )
+            sys.exit(2)
     try:
         result = serving_switch.serve_version(
             project, target, actor="cli", action=action, unload=False
@@ -188,17 +212,18 @@ def _serve(project: str, target: str, action: str) -> None:
 
 
 @adapters_group.command("rollback")
-@click.option("--project", "-p", required=True)
-@click.argument("target")
-def adapters_rollback(project: str, target: str) -> None:
+@click.option("--project", "-p", default="default", show_default=True)
+@click.argument("target", required=False)
+def adapters_rollback(project: str, target: str | None) -> None:
     """Serve an earlier version again (TARGET: name, version number, or `base` for the
-    base model). Answers once new requests go to it; the replaced version is unloaded
-    from the engines in the background when its requests are done."""
+    base model; default: what served before the current version). Answers once new
+    requests go to it; the replaced version is unloaded from the engines in the
+    background when its requests are done."""
     _serve(project, target, "adapter.rollback")
 
 
 @adapters_group.command("promote")
-@click.option("--project", "-p", required=True)
+@click.option("--project", "-p", default="default", show_default=True)
 @click.argument("target")
 def adapters_promote(project: str, target: str) -> None:
     """Serve a given version (TARGET: name, version number, or `base` for the base

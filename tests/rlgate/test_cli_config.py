@@ -72,7 +72,7 @@ def test_version():
             "cannot reach the database",
         ),
         ({"RLGATE_CONFIG": "/nonexistent/rlgate.toml"}, "not a file"),
-        ({"RLGATE_GATEWAY_PORT": "eighty"}, "invalid settings"),
+        ({"RLGATE_GATEWAY_PORT": "eighty"}, "RLGATE_GATEWAY_PORT='eighty': Input should be"),
     ],
 )
 def test_bad_config_is_one_clear_line(env, message):
@@ -86,7 +86,7 @@ def test_bad_config_is_one_clear_line(env, message):
 
 def test_keys_before_migrate_says_what_to_do():
     out = rlgate("keys", "list")
-    assert out.returncode == 2 and "run `rlgate migrate` first" in out.stderr
+    assert out.returncode == 2 and "`rlgate migrate` creates one" in out.stderr
 
 
 @pytest.mark.parametrize(
@@ -94,7 +94,7 @@ def test_keys_before_migrate_says_what_to_do():
     [
         ({"RLGATE_DATABASE_URL": "mysql://root@localhost/x"}, "scheme 'mysql' is not supported"),
         ({"RLGATE_DATABASE_URL": "not a url"}, "is not a URL"),
-        ({"RLGATE_GATEWAY_PORT": "eighty"}, "invalid settings"),
+        ({"RLGATE_GATEWAY_PORT": "eighty"}, "RLGATE_GATEWAY_PORT='eighty': Input should be"),
         ({"RLGATE_TOOL_PARSER": "nope"}, "RLGATE_TOOL_PARSER must be one of"),
     ],
 )
@@ -106,6 +106,7 @@ def test_config_validates_like_every_command(env, message):
         assert out.returncode == 2, (args, out.stdout)
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("rlgate: error: ") and message in lines[0]
+        assert "pydantic" not in lines[0]  # the variable to set, not pydantic's field and URL
         assert out.stdout == ""
 
 

@@ -73,3 +73,47 @@ def test_rollback_to_base_and_what_is_refused(migrated_db: Any, cli_env: Any) ->
     assert nowhere.exit_code == 2 and "no project 'nope'" in nowhere.output
     with migrated_db() as db:
         assert len(db.scalars(select(AuditEventRow)).all()) == 1  # the refusals changed nothing
+
+
+def test_rollback_without_a_target_serves_what_served_before(
+    migrated_db: Any, cli_env: Any
+) -> None:
+    """No TARGET: what served before the current version, as the admin API does (after
+    the first version: the base model); then nothing is left to roll back from."""
+    from rlgate.cli import main
+
+    runner = CliRunner()
+    out = runner.invoke(main, ["adapters", "rollback", "-p", "p1"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["name"] == "base"
+    again = runner.invoke(main, ["adapters", "rollback", "-p", "p1"])
+    assert again.exit_code == 2
+    assert "already serves the base model" in again.output
+
+
+def test_commands_never_create_a_database_where_they_run(tmp_path: Any, monkeypatch: Any) -> None:
+    """Run where no stack's data is: one line that says where it looked and what to do,
+    exit 2, and nothing created (it once made ./rlgate-data/rlgate.db and died with a
+    traceback)."""
+    from rlgate.cli import main
+
+    monkeypatch.delenv("RLGATE_DATABASE_URL", raising=False)
+    monkeypatch.setenv("RLGATE_DATA_DIR", str(tmp_path / "rlgate-data"))
+    get_settings.cache_clear()
+    try:
+        for argv in (
+            ["adapters", "list"],
+            ["adapters", "rollback"],
+            ["adapters", "promote", "2"],
+            ["train", "--once"],
+            ["keys", "list"],
+            ["export", "-o", str(tmp_path / "out.jsonl")],
+        ):
+            out = CliRunner().invoke(main, argv)
+            assert out.exit_code == 2, (argv, out.output)
+            lines = [line for line in out.output.splitlines() if line.strip()]
+            assert len(lines) == 1 and "no rlgate database at" in lines[0], (argv, out.output)
+            assert "RLGATE_DATA_DIR" in lines[0] and "Traceback" not in out.output
+    finally:
+        get_settings.cache_clear()
+    assert list(tmp_path.iterdir()) == []
