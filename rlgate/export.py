@@ -8,6 +8,7 @@ line, or a Parquet file (needs `pyarrow`). Every exported record validates again
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from collections.abc import Iterator
 from datetime import datetime
@@ -70,7 +71,8 @@ def export(
                 import pyarrow as pa
                 import pyarrow.parquet as pq
             except ImportError:
-                raise ConfigError("parquet export needs pyarrow: pip install pyarrow") from None
+                pip = f"{shlex.quote(sys.executable)} -m pip install pyarrow"  # this venv's
+                raise ConfigError(f"parquet export needs pyarrow: {pip}") from None
             if out is None:
                 raise ConfigError("parquet export needs --output FILE")
             batch: list[dict] = []

@@ -59,3 +59,23 @@ def test_export_jsonl_validates(db_url, tmp_path, monkeypatch):
         schema = json.loads((ROOT / "json" / f"{name}.json").read_text())
         assert len(recs) == 1
         jsonschema.validate(recs[0], schema, cls=jsonschema.Draft202012Validator)
+
+
+def test_parquet_without_pyarrow_names_this_venvs_pip(migrated_db, db_url, tmp_path, monkeypatch):
+    """The hint installs pyarrow where rlgate runs (a bare `pip` is often another Python's)."""
+    from click.testing import CliRunner
+
+    from core.settings import get_settings
+    from rlgate.cli import main
+
+    monkeypatch.setenv("RLGATE_DATABASE_URL", db_url)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow -> ImportError
+    get_settings.cache_clear()
+    try:
+        out = CliRunner().invoke(
+            main, ["export", "--format", "parquet", "-o", str(tmp_path / "x.parquet")]
+        )
+    finally:
+        get_settings.cache_clear()
+    assert out.exit_code == 2
+    assert f"{sys.executable} -m pip install pyarrow" in out.output
