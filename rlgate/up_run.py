@@ -16,27 +16,6 @@ from core.settings import Settings
 from rlgate.up import Shape, check_ports, check_shape, launch
 
 
-def first_call(base: str, agent_key: str, model: str) -> str | None:
-    """One real chat call at start, so the feedback snippet rates a real answer; its id,
-    or None when it failed (the snippet then says the id is a placeholder)."""
-    try:
-        r = httpx.post(
-            f"{base}/v1/chat/completions",
-            headers={"Authorization": f"Bearer {agent_key}"},
-            json={
-                "model": model,
-                "messages": [{"role": "user", "content": "Say hello."}],
-                "max_tokens": 16,
-            },
-            timeout=120,
-        )
-        r.raise_for_status()
-        return str(r.json()["id"])
-    except (httpx.HTTPError, ValueError, KeyError) as e:
-        click.echo(f"the first test call failed ({e}); see the gateway log", err=True)
-        return None
-
-
 def _more_gateways(bases: list[str]) -> str:
     """The other gateways' base URLs (they serve the same API, keys and data)."""
     if len(bases) < 2:
@@ -109,7 +88,6 @@ def run_up(
     stack = launch(settings, port, engine_port, trainer, shape=shape)
     try:
         model = settings.served_model_name
-        call_id = first_call(stack.base, keys.agent, model)
         context = served_context(stack.base, keys.agent)
         files = write_client_files(data_dir, stack.base, keys.agent, context)
         training = _training(settings, factory, data_dir, rlgate) if trainer else ""
@@ -126,7 +104,7 @@ rlgate is up.
   {stack.trainer_note}
 {training}  rlgate command:        {rlgate}
   logs:                  {stack.logs}
-{snippets(stack.base, keys.agent, model, call_id, files)}
+{snippets(stack.base, keys.agent, model, files)}
 Press Ctrl-C to stop.""")
         while not stopping:
             stack.check_alive()

@@ -94,19 +94,19 @@ def snippets(
     base: str,
     agent_key: str,
     model: str,
-    call_id: str | None = None,
     files: ClientFiles | None = None,
 ) -> str:
-    if call_id:
-        rate = '(the call rlgate up made at start; for yours, use its response\'s "id")'
-    else:
-        rate = '(replace chatcmpl-... with a response\'s "id")'
-        call_id = "chatcmpl-..."
+    """The client snippets. The curl snippet prints the answer and keeps its id in ``$ID``;
+    the rating snippet, pasted into the same shell, rates that answer."""
     python = shlex.quote(python_path())
     has_openai = importlib.util.find_spec("openai") is not None
     sdk_note = "rlgate's own Python, which has the openai package"
     if not has_openai:
         sdk_note = f"needs `{python} -m pip install openai` first"
+    show = (
+        "import json,sys; r=json.load(sys.stdin); "
+        "print(r['choices'][0]['message']['content'], file=sys.stderr); print(r['id'])"
+    )
     return f"""
   OpenAI SDK (Python; {sdk_note}):
 {python} - <<'EOF'
@@ -118,18 +118,19 @@ answer = client.chat.completions.create(
 print(answer.choices[0].message.content)
 EOF
 
-  curl:
-curl {base}/v1/chat/completions -H "Authorization: Bearer {agent_key}" \\
+  curl (prints the answer, then its id, kept in $ID for the rating below):
+ID=$(curl -sS {base}/v1/chat/completions -H "Authorization: Bearer {agent_key}" \\
   -H "Content-Type: application/json" \\
-  -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+  -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}]}}' \\
+  | {python} -c "{show}"); echo "id: $ID"
+
+  Rate that answer (in the same shell, after the curl above; 1 = good, 0 = bad):
+curl -sS {base}/feedback -H "Authorization: Bearer {agent_key}" \\
+  -H "Content-Type: application/json" \\
+  -d '{{"interaction_id": "'"$ID"'", "value": 1, "scale": "binary"}}'
 
   Claude Code (npm install -g @anthropic-ai/claude-code; its default prompt, 21-31k
   tokens, needs a long-context policy: with the packaged model, whose context is short,
   give it a short system prompt and no tools):
 {claude_line(base, agent_key)}
-{_clients(files, agent_key)}
-  Rate an answer {rate}:
-curl {base}/feedback -H "Authorization: Bearer {agent_key}" \\
-  -H "Content-Type: application/json" \\
-  -d '{{"interaction_id": "{call_id}", "value": 1, "scale": "binary"}}'
-"""
+{_clients(files, agent_key)}"""

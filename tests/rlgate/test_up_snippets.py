@@ -14,7 +14,9 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import tomllib
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 from rlgate.up_clients import write_client_files
@@ -42,7 +44,7 @@ def block(text: str, title: str) -> str:
 
 def _printed(tmp_path: Path) -> tuple[str, object]:
     files = write_client_files(tmp_path, BASE, KEY, 2048)
-    return snippets(BASE, KEY, "rlgate-policy", "chatcmpl-abc", files), files
+    return snippets(BASE, KEY, "rlgate-policy", files), files
 
 
 def test_the_python_snippet_is_a_heredoc_for_this_python_that_compiles(tmp_path):
@@ -66,13 +68,57 @@ def test_the_python_snippet_is_a_heredoc_for_this_python_that_compiles(tmp_path)
     # every pasted block starts at column 0
     for title in (
         "OpenAI SDK (Python",
-        "curl:",
+        "curl (",
         "Claude Code (",
         "Codex (",
         "OpenClaw (",
-        "Rate an answer",
+        "Rate that answer",
     ):
         assert not block(text, title)[0].isspace(), title
+
+
+class _Gateway(BaseHTTPRequestHandler):
+    """Answers a chat call with a fresh id and records the feedback it gets (the wire
+    shapes of /v1/chat/completions and /feedback, as curl and the shell see them)."""
+
+    answered: list[str] = []
+    rated: list[dict] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        assert self.headers["Authorization"] == f"Bearer {KEY}"
+        if self.path == "/v1/chat/completions":
+            rid = f"chatcmpl-{len(self.answered)}abc"
+            self.answered.append(rid)
+            out = {"id": rid, "choices": [{"message": {"content": "Hi there"}}]}
+        else:
+            self.rated.append(body)
+            out = {"ok": True}
+        data = json.dumps(out).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_the_rating_snippet_rates_the_answer_the_curl_snippet_just_printed(tmp_path):
+    server = HTTPServer(("127.0.0.1", 0), _Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        text = snippets(base, KEY, "rlgate-policy", None)
+        pasted = block(text, "curl (") + "\n" + block(text, "Rate that answer")
+        r = subprocess.run(["bash", "-c", pasted], capture_output=True, text=True, timeout=60)
+    finally:
+        server.shutdown()
+    assert r.returncode == 0, r.stderr
+    assert "Hi there" in r.stderr and f"id: {_Gateway.answered[-1]}" in r.stdout
+    assert _Gateway.rated == [
+        {"interaction_id": _Gateway.answered[-1], "value": 1, "scale": "binary"}
+    ]
 
 
 def test_the_claude_code_line_gives_the_prompt_before_the_tools_list():
@@ -231,6 +277,6 @@ def test_without_the_templates_no_files_are_written_and_the_snippets_say_so(tmp_
 
     monkeypatch.setattr(clients, "TEMPLATES", tmp_path / "nowhere")
     assert write_client_files(tmp_path, BASE, KEY, 2048) is None
-    text = snippets(BASE, KEY, "m", None, None)
+    text = snippets(BASE, KEY, "m", None)
     assert "no configuration was written" in text
     assert block(text, "Claude Code (").count("\n") == 0  # the note is its own paragraph
