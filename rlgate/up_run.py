@@ -62,6 +62,7 @@ def run_up(
     from core.db import make_engine, session_factory, transaction
     from rlgate.up_clients import write_client_files
     from rlgate.up_keys import keys_path, up_keys
+    from rlgate.up_node import node_note
     from rlgate.up_snippets import rlgate_path, snippets
 
     shape = shape or Shape()
@@ -106,6 +107,9 @@ rlgate is up.
   logs:                  {stack.logs}
 {snippets(stack.base, keys.agent, model, files)}
 Press Ctrl-C to stop.""")
+        note = node_note()
+        if note:
+            click.echo(note, err=True)
         while not stopping:
             stack.check_alive()
             time.sleep(0.5)
