@@ -102,22 +102,14 @@ def test_up_prints_working_snippets_and_stops_cleanly(tmp_path):
         assert codex["model_context_window"] == ctx
         assert oc["models"]["providers"]["rlgate"]["models"][0]["contextWindow"] == ctx
 
-        # the curl snippet, run by a shell as printed
-        curl = _block(out, "curl:")
-        r = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=300)
-        answer = json.loads(r.stdout)
-        assert answer["object"] == "chat.completion", r.stdout
-
-        # the printed feedback snippet, run exactly as printed: it rates the real call that
-        # rlgate up made at start
-        rate = _block(out, "Rate an answer")
-        first_id = re.search(r'"interaction_id": "(chatcmpl-[0-9a-f]+)"', rate).group(1)  # type: ignore[union-attr]
-        r = subprocess.run(["bash", "-c", rate], capture_output=True, text=True, timeout=60)
-        assert json.loads(r.stdout)["target_id"] == first_id, r.stdout
-        # and the same snippet rates the curl answer with its id
-        rate = rate.replace(first_id, answer["id"])
-        r = subprocess.run(["bash", "-c", rate], capture_output=True, text=True, timeout=60)
-        assert json.loads(r.stdout)["target_id"] == answer["id"], r.stdout
+        # the curl snippet then the rating snippet, pasted into one shell as printed: the
+        # rating rates the answer the curl just printed (its id, kept in $ID)
+        pasted = _block(out, "curl (") + "\n" + _block(out, "Rate that answer")
+        r = subprocess.run(["bash", "-c", pasted], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        shown_id = re.search(r"^id: (chatcmpl-\S+)$", r.stdout, re.M).group(1)  # type: ignore[union-attr]
+        rating = json.loads(r.stdout.split("\n", 1)[1])
+        assert rating["target_id"] == shown_id, r.stdout
 
         # the dashboard answers
         admin = re.search(r"admin key:\s+(\S+)", out).group(1)  # type: ignore[union-attr]
