@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import click
 
@@ -25,15 +26,43 @@ from rlgate.cli_common import clean_errors, load_settings
     type=click.Path(dir_okay=False),
     help="TOML config file (same keys as the RLGATE_* variables, lower case, without prefix).",
 )
-def main(config_file: str | None) -> None:
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Act on the stack with this data dir (as RLGATE_DATA_DIR); needed only when "
+    "several `rlgate up` stacks run.",
+)
+@click.pass_context
+def main(ctx: click.Context, config_file: str | None, data_dir: str | None) -> None:
     """rlgate: an OpenAI/Anthropic-compatible gateway that lets deployed agents learn online.
 
     Settings come from RLGATE_* environment variables and an optional TOML file;
-    `rlgate config` shows the effective values.
+    `rlgate config` shows the effective values. Commands that use the database or the
+    engine act on the stack `rlgate up` runs, from any directory: the one with data in
+    RLGATE_DATA_DIR (or --data-dir) if set, else the one using ./rlgate-data, else the
+    only one running (rlgate/stack.py); they name it in one line on stderr.
     """
     if config_file:
         os.environ["RLGATE_CONFIG"] = config_file
-        get_settings.cache_clear()
+    if data_dir:
+        os.environ["RLGATE_DATA_DIR"] = str(Path(data_dir).expanduser().resolve())
+    if ctx.invoked_subcommand not in STARTS_PROCESSES:
+        from core.settings import ConfigError
+        from rlgate.cli_common import fail
+        from rlgate.stack import adopt
+
+        try:
+            info = adopt()
+        except ConfigError as e:
+            fail(str(e))
+        if info is not None:
+            click.echo(f"rlgate: acting on {info.describe()}", err=True)
+    get_settings.cache_clear()
+
+
+# commands that start processes (or touch nothing) rather than act on a running stack
+STARTS_PROCESSES = {"version", "up", "gateway", "demo", "engine", "worker", None}
 
 
 @main.command()
@@ -154,8 +183,6 @@ def demo(
     run clears first (its database, adapters, spool and logs): every run starts from the
     base model.
     """
-    from pathlib import Path
-
     from rlgate.demo import run_demo
     from rlgate.demo_curve import fresh_state
 
