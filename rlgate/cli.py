@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from core.settings import get_settings
+from core.settings import Settings, get_settings
 from rlgate import __version__
 from rlgate.cli_common import clean_errors, load_settings
 
@@ -75,24 +75,36 @@ def version() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @clean_errors
 def config(as_json: bool) -> None:
-    """Print the effective settings (secrets masked); exit 2 on settings that cannot work
-    (a malformed value, an unsupported or malformed database URL, an unknown tool
-    parser), as every command. It does not connect to the database."""
+    """Print the settings the running stack uses (secrets masked, the data dir absolute),
+    each with its origin: default, file, environment or up (the stack `rlgate up` runs, or
+    what `up` would set, such as the default max tokens). Exit 2 on settings that cannot
+    work (a malformed value, an unsupported or malformed database URL, an unknown tool
+    parser), as every command. It does not connect to the database. --json prints the
+    values and, under "origins", each one's origin."""
     from core.db import normalize_url
     from core.settings import ConfigError
     from gateway.parsing import TOOL_PARSERS
+    from rlgate.config_view import view
+    from rlgate.stack import ADOPTED
+    from rlgate.up import _default_cap as up_cap_env
+
+    def up_cap(settings: Settings) -> str:
+        return up_cap_env(settings).get("RLGATE_DEFAULT_MAX_TOKENS", "")
 
     settings = load_settings()
     normalize_url(settings.effective_database_url)  # ConfigError: one line, exit 2
     if settings.tool_parser and settings.tool_parser not in TOOL_PARSERS:  # as the gateway
         raise ConfigError(f"RLGATE_TOOL_PARSER must be one of {', '.join(TOOL_PARSERS)}")
-    values = settings.masked()
+    shown = view(settings, ADOPTED[0] if ADOPTED else None, up_cap(settings))
     if as_json:
+        values: dict[str, object] = {k: v for k, (v, _) in shown.items()}
+        values["origins"] = {k: o for k, (_, o) in shown.items()}
         click.echo(json.dumps(values, indent=2))
         return
-    width = max(len(k) for k in values)
-    for key, value in values.items():
-        click.echo(f"RLGATE_{key.upper():<{width}}  {value}")
+    width = max(len(k) for k in shown)
+    vwidth = min(40, max(len(v) for v, _ in shown.values()))
+    for key, (value, origin) in shown.items():
+        click.echo(f"RLGATE_{key.upper():<{width}}  {value:<{vwidth}}  ({origin})")
 
 
 @main.command()

@@ -70,7 +70,9 @@ def export(
                 import pyarrow as pa
                 import pyarrow.parquet as pq
             except ImportError:
-                raise ConfigError("parquet export needs pyarrow: pip install pyarrow") from None
+                raise ConfigError(
+                    f"parquet export needs pyarrow: {sys.executable} -m pip install pyarrow"
+                ) from None
             if out is None:
                 raise ConfigError("parquet export needs --output FILE")
             batch: list[dict] = []

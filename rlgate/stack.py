@@ -54,6 +54,9 @@ class StackInfo:
         return f"the stack of `rlgate up` (pid {self.pid}) with data in {self.data_dir}"
 
 
+ADOPTED: list[StackInfo] = []  # the stack this process acts on (at most one)
+
+
 def stacks_dir() -> Path:
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(state) / "rlgate" / "stacks"
@@ -134,4 +137,5 @@ def adopt() -> StackInfo | None:
         if name not in os.environ:
             os.environ[name] = value
             APPLIED.add(name)
+    ADOPTED[:] = [info]
     return info
