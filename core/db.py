@@ -61,10 +61,9 @@ def require_existing(url: str) -> None:
     path = Path(parsed.database)
     if not path.exists():
         raise ConfigError(
-            f"no rlgate database at {path.resolve()}: run this from the directory where "
-            "`rlgate up` runs (its ./rlgate-data), or set RLGATE_DATA_DIR or "
-            "RLGATE_DATABASE_URL to the stack's; `rlgate up` or `rlgate migrate` creates one "
-            "(nothing was created)"
+            f"no running rlgate stack found and no database at {path.resolve()}: start "
+            "one with `bash scripts/up` (or `rlgate up`), or point RLGATE_DATA_DIR or "
+            "RLGATE_DATABASE_URL at an existing one (nothing was created)"
         )
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import click
 
-from core.settings import get_settings
+from core.settings import Settings, get_settings
 from rlgate import __version__
 from rlgate.cli_common import clean_errors, load_settings
 
@@ -25,15 +26,43 @@ from rlgate.cli_common import clean_errors, load_settings
     type=click.Path(dir_okay=False),
     help="TOML config file (same keys as the RLGATE_* variables, lower case, without prefix).",
 )
-def main(config_file: str | None) -> None:
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Act on the stack with this data dir (as RLGATE_DATA_DIR); needed only when "
+    "several `rlgate up` stacks run.",
+)
+@click.pass_context
+def main(ctx: click.Context, config_file: str | None, data_dir: str | None) -> None:
     """rlgate: an OpenAI/Anthropic-compatible gateway that lets deployed agents learn online.
 
     Settings come from RLGATE_* environment variables and an optional TOML file;
-    `rlgate config` shows the effective values.
+    `rlgate config` shows the effective values. Commands that use the database or the
+    engine act on the stack `rlgate up` runs, from any directory: the one with data in
+    RLGATE_DATA_DIR (or --data-dir) if set, else the one using ./rlgate-data, else the
+    only one running (rlgate/stack.py); they name it in one line on stderr.
     """
     if config_file:
         os.environ["RLGATE_CONFIG"] = config_file
-        get_settings.cache_clear()
+    if data_dir:
+        os.environ["RLGATE_DATA_DIR"] = str(Path(data_dir).expanduser().resolve())
+    if ctx.invoked_subcommand not in STARTS_PROCESSES:
+        from core.settings import ConfigError
+        from rlgate.cli_common import fail
+        from rlgate.stack import adopt
+
+        try:
+            info = adopt()
+        except ConfigError as e:
+            fail(str(e))
+        if info is not None:
+            click.echo(f"rlgate: acting on {info.describe()}", err=True)
+    get_settings.cache_clear()
+
+
+# commands that start processes (or touch nothing) rather than act on a running stack
+STARTS_PROCESSES = {"version", "up", "gateway", "demo", "engine", "worker", None}
 
 
 @main.command()
@@ -46,24 +75,36 @@ def version() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
 @clean_errors
 def config(as_json: bool) -> None:
-    """Print the effective settings (secrets masked); exit 2 on settings that cannot work
-    (a malformed value, an unsupported or malformed database URL, an unknown tool
-    parser), as every command. It does not connect to the database."""
+    """Print the settings the running stack uses (secrets masked, the data dir absolute),
+    each with its origin: default, file, environment or up (the stack `rlgate up` runs, or
+    what `up` would set, such as the default max tokens). Exit 2 on settings that cannot
+    work (a malformed value, an unsupported or malformed database URL, an unknown tool
+    parser), as every command. It does not connect to the database. --json prints the
+    values and, under "origins", each one's origin."""
     from core.db import normalize_url
     from core.settings import ConfigError
     from gateway.parsing import TOOL_PARSERS
+    from rlgate.config_view import view
+    from rlgate.stack import ADOPTED
+    from rlgate.up import _default_cap as up_cap_env
+
+    def up_cap(settings: Settings) -> str:
+        return up_cap_env(settings).get("RLGATE_DEFAULT_MAX_TOKENS", "")
 
     settings = load_settings()
     normalize_url(settings.effective_database_url)  # ConfigError: one line, exit 2
     if settings.tool_parser and settings.tool_parser not in TOOL_PARSERS:  # as the gateway
         raise ConfigError(f"RLGATE_TOOL_PARSER must be one of {', '.join(TOOL_PARSERS)}")
-    values = settings.masked()
+    shown = view(settings, ADOPTED[0] if ADOPTED else None, up_cap(settings))
     if as_json:
+        values: dict[str, object] = {k: v for k, (v, _) in shown.items()}
+        values["origins"] = {k: o for k, (_, o) in shown.items()}
         click.echo(json.dumps(values, indent=2))
         return
-    width = max(len(k) for k in values)
-    for key, value in values.items():
-        click.echo(f"RLGATE_{key.upper():<{width}}  {value}")
+    width = max(len(k) for k in shown)
+    vwidth = min(40, max(len(v) for v, _ in shown.values()))
+    for key, (value, origin) in shown.items():
+        click.echo(f"RLGATE_{key.upper():<{width}}  {value:<{vwidth}}  ({origin})")
 
 
 @main.command()
@@ -154,8 +195,6 @@ def demo(
     run clears first (its database, adapters, spool and logs): every run starts from the
     base model.
     """
-    from pathlib import Path
-
     from rlgate.demo import run_demo
     from rlgate.demo_curve import fresh_state
 

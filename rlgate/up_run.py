@@ -4,6 +4,8 @@ client configurations (rlgate/up_clients.py); Ctrl-C stops everything."""
 
 from __future__ import annotations
 
+import os
+import secrets
 import signal
 import time
 from pathlib import Path
@@ -13,7 +15,10 @@ import click
 import httpx
 
 from core.settings import Settings
-from rlgate.up import Shape, check_ports, check_shape, launch
+from rlgate.stack import StackInfo
+from rlgate.stack import remove as remove_stack
+from rlgate.stack import write as write_stack
+from rlgate.up import Shape, _default_cap, check_ports, check_shape, launch
 
 
 def _more_gateways(bases: list[str]) -> str:
@@ -86,7 +91,27 @@ def run_up(
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    stack = launch(settings, port, engine_port, trainer, shape=shape)
+    engine_key = settings.engine_api_key_value or secrets.token_urlsafe(32)
+    stack = launch(
+        settings,
+        port,
+        engine_port,
+        trainer,
+        extra_env={"RLGATE_ENGINE_API_KEY": engine_key},
+        shape=shape,
+    )
+    stack_file = write_stack(
+        StackInfo(
+            data_dir=str(data_dir),
+            database_url=_absolute_url(url),
+            engine_urls=",".join(stack.engine_urls),
+            engine_api_key=engine_key,
+            gateway_url=stack.base,
+            admin_key_file=str(keys_path(data_dir)),
+            default_max_tokens=_default_cap(settings).get("RLGATE_DEFAULT_MAX_TOKENS", ""),
+            pid=os.getpid(),
+        )
+    )
     try:
         model = settings.served_model_name
         context = served_context(stack.base, keys.agent)
@@ -116,4 +141,13 @@ Press Ctrl-C to stop.""")
         click.echo("\nstopping ...", err=True)
     finally:
         stack.stop()
+        remove_stack(stack_file)
     click.echo("stopped.", err=True)
+
+
+def _absolute_url(url: str) -> str:
+    """A SQLite URL with an absolute path: the stack file is read from other directories."""
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and not url[len(prefix) :].startswith("/"):
+        return prefix + str(Path(url[len(prefix) :]).resolve())
+    return url

@@ -43,15 +43,23 @@ def sglang(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
 
 @pytest.fixture(autouse=True)
 def _isolated_settings(tmp_path, monkeypatch) -> Iterator[None]:
-    """Each test gets its own data dir and no stray RLGATE_* settings."""
+    """Each test gets its own data dir, its own XDG_STATE_HOME (so it never sees a
+    developer's running stacks, rlgate/stack.py) and no stray RLGATE_* settings; what a
+    command run in-process adopted from a stack is undone after it."""
     from core.settings import get_settings
+    from rlgate import stack
 
     for name in list(os.environ):
         if name.startswith("RLGATE_") and not name.startswith("RLGATE_TEST_"):
             monkeypatch.delenv(name)
     monkeypatch.setenv("RLGATE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     get_settings.cache_clear()
     yield
+    for name in stack.APPLIED:
+        os.environ.pop(name, None)
+    stack.APPLIED.clear()
+    stack.ADOPTED.clear()
     get_settings.cache_clear()
 
 

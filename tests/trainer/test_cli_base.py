@@ -112,7 +112,7 @@ def test_commands_never_create_a_database_where_they_run(tmp_path: Any, monkeypa
             out = CliRunner().invoke(main, argv)
             assert out.exit_code == 2, (argv, out.output)
             lines = [line for line in out.output.splitlines() if line.strip()]
-            assert len(lines) == 1 and "no rlgate database at" in lines[0], (argv, out.output)
+            assert len(lines) == 1 and "no database at" in lines[0], (argv, out.output)
             assert "RLGATE_DATA_DIR" in lines[0] and "Traceback" not in out.output
     finally:
         get_settings.cache_clear()
