@@ -33,12 +33,35 @@ from rlgate.cli_common import clean_errors, fail, load_settings, open_db
 @click.option(
     "--since", type=click.DateTime(), default=None, help="Only records from then on (UTC)."
 )
+@click.option(
+    "--until", type=click.DateTime(), default=None, help="Only records before then (UTC)."
+)
 @click.option("--rated-only", is_flag=True, help="Only rated interactions / sessions.")
+@click.option(
+    "--as",
+    "shape",
+    type=click.Choice(["sft", "preference", "kto"]),
+    default=None,
+    help="Interactions as TRL rows (jsonl): sft = chat messages with tool calls; "
+    "preference = prompt/chosen/rejected from rated siblings; kto = prompt/completion/"
+    "label (label: reward > 0).",
+)
+@click.option("--policy-version", default=None, help="Only interactions of this policy version.")
+@click.option("--min-reward", type=float, default=None, help="Only interactions rated >= this.")
 @clean_errors
 def export(
-    kind: str, fmt: str, output: str | None, project: str | None, since: Any, rated_only: bool
+    kind: str,
+    fmt: str,
+    output: str | None,
+    project: str | None,
+    since: Any,
+    until: Any,
+    rated_only: bool,
+    shape: str | None,
+    policy_version: str | None,
+    min_reward: float | None,
 ) -> None:
-    """Export ATDP v1 records (one JSON object per line, or Parquet)."""
+    """Export ATDP v1 records (one JSON object per line, or Parquet), or TRL rows (--as)."""
     from datetime import UTC
     from pathlib import Path
 
@@ -46,10 +69,21 @@ def export(
 
     factory = open_db()
     since_utc = since.replace(tzinfo=UTC) if since else None
+    until_utc = until.replace(tzinfo=UTC) if until else None
     n = run_export(
-        factory, kind, fmt, Path(output) if output else None, project, since_utc, rated_only
+        factory,
+        kind,
+        fmt,
+        Path(output) if output else None,
+        project,
+        since_utc,
+        rated_only,
+        shape,
+        until_utc,
+        policy_version,
+        min_reward,
     )
-    click.echo(f"exported {n} {kind} records", err=True)
+    click.echo(f"exported {n} {shape + ' rows' if shape else kind + ' records'}", err=True)
 
 
 @click.command("retention")

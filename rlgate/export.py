@@ -2,7 +2,8 @@
 
 Streams rows in pages (never the whole table in memory) and writes one record per JSON
 line, or a Parquet file (needs `pyarrow`). Every exported record validates against
-`schemas/json/<Type>.json`. An export is an AuditEvent.
+`schemas/json/<Type>.json`. An export is an AuditEvent. `--as sft|preference|kto` writes
+interactions as the rows TRL's trainers read instead (rlgate/trl_rows.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.keys import audit
 from core.settings import ConfigError
+from rlgate import trl_rows
 from schemas.convert import to_record
 from schemas.tables import FeedbackRow, InteractionRow, SessionRow
 
@@ -27,7 +29,14 @@ TYPES = {"interaction": InteractionRow, "session": SessionRow, "feedback": Feedb
 
 
 def select_rows(
-    db: Session, kind: str, project: str | None, since: datetime | None, rated_only: bool
+    db: Session,
+    kind: str,
+    project: str | None,
+    since: datetime | None,
+    rated_only: bool,
+    until: datetime | None = None,
+    policy_version: str | None = None,
+    min_reward: float | None = None,
 ) -> Iterator[dict]:
     table = TYPES[kind]
     q = select(table).order_by(table.created_at, table.id)
@@ -35,6 +44,12 @@ def select_rows(
         q = q.where(table.project_id == project)
     if since:
         q = q.where(table.created_at >= since)
+    if until:
+        q = q.where(table.created_at < until)
+    if kind == "interaction" and policy_version:
+        q = q.where(InteractionRow.policy_version == policy_version)
+    if kind == "interaction" and min_reward is not None:
+        q = q.where(InteractionRow.reward >= min_reward)
     if rated_only:
         if kind == "interaction":
             q = q.where(InteractionRow.reward.is_not(None))
@@ -53,10 +68,20 @@ def export(
     project: str | None,
     since: datetime | None,
     rated_only: bool,
+    shape: str | None = None,
+    until: datetime | None = None,
+    policy_version: str | None = None,
+    min_reward: float | None = None,
 ) -> int:
+    if shape and (kind != "interaction" or fmt != "jsonl"):
+        raise ConfigError(f"--as {shape} exports interactions as jsonl (drop --type/--format)")
     n = 0
     with factory() as db:
-        records = select_rows(db, kind, project, since, rated_only)
+        records: Iterator[dict] = select_rows(
+            db, kind, project, since, rated_only, until, policy_version, min_reward
+        )
+        if shape:
+            records = trl_rows.rows(shape, records)
         if fmt == "jsonl":
             fh: IO[str] = open(out, "w") if out else sys.stdout  # noqa: SIM115
             try:
@@ -106,6 +131,10 @@ def export(
                 "output": str(out) if out else "stdout",
                 "records": n,
                 "rated_only": rated_only,
+                "as": shape,
+                "until": until.isoformat() if until else None,
+                "policy_version": policy_version,
+                "min_reward": min_reward,
                 "since": since.isoformat() if since else None,
             },
         )
