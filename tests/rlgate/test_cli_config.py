@@ -86,7 +86,7 @@ def test_bad_config_is_one_clear_line(env, message):
 
 def test_keys_before_migrate_says_what_to_do():
     out = rlgate("keys", "list")
-    assert out.returncode == 2 and "`rlgate migrate` creates one" in out.stderr
+    assert out.returncode == 2 and "(nothing was created)" in out.stderr
 
 
 @pytest.mark.parametrize(

@@ -173,7 +173,10 @@ def test_commands_act_on_a_real_running_up_from_another_directory(tmp_path):
         assert trained.returncode == 0 and "Traceback" not in trained.stderr, trained
         assert json.loads(trained.stdout.splitlines()[-1])["status"] == "published", trained
         listed = _cli("adapters", "list", cwd=cwd)
-        assert listed.returncode == 0 and re.search(r"\b1\b", listed.stdout), listed
+        assert listed.returncode == 0 and re.search(r"\bv1\b", listed.stdout), listed
+        back = _cli("adapters", "rollback", "base", cwd=cwd)  # project default
+        assert back.returncode == 0 and "Traceback" not in back.stderr, back
+        assert json.loads(back.stdout)["name"] == "base", back
 
         cfg = _cli("config", cwd=cwd)
         assert cfg.returncode == 0 and "Traceback" not in cfg.stderr, cfg
