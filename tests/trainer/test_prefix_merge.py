@@ -295,4 +295,5 @@ def test_training_steps_equal_with_and_without_merge(model_dir, aggregation: str
         assert b["merged_turns"] == 0 and b["forward_tokens_saved"] == 0
     assert sum(s["merged_turns"] for s in s_m) > 0
     assert s_m[0]["no_grad_forward_tokens_saved"] > 0
-    assert (w_m - w_t).abs().max() < 1e-4 and (w_m - w_t).abs().max() < (w_m.abs().max() * 1e-2)
+    # float error of two forwards, grown by one AdamW step at the default lr (1e-3 since 275df9c)
+    assert (w_m - w_t).abs().max() < 5e-4 and (w_m - w_t).abs().max() < (w_m.abs().max() * 1e-2)
