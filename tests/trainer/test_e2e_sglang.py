@@ -72,6 +72,16 @@ def _train(factory, settings, pid: str, queue: str, worker: Worker) -> str:  # t
         return db.get(PolicyVersionRow, run.policy_version_id).name
 
 
+def _unloaded(engine: EngineHTTP, name: str, timeout: float = 60) -> bool:
+    """Whether ``name`` leaves the engine within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while name in engine.adapters():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.3)
+    return True
+
+
 def _served(c: httpx.Client, url: str, key: str, text: str) -> tuple[str, str]:
     r = c.post(
         f"{url}/v1/chat/completions",
@@ -192,7 +202,9 @@ def test_sglang_record_rate_train_publish_rollback(
                 assert _served(c, stale.url, key, "Hi.")[0] == v1  # caches v1 for an hour
                 _rate(c, gw.url, key, ["Say hi.", "Pick a fruit."])
                 v2 = _train(factory, settings, pid, queue, worker)
-                assert v2 != v1 and v2 in engine.adapters() and v1 not in engine.adapters()
+                assert v2 != v1 and v2 in engine.adapters()
+                # the run is published when v2 serves; the worker then unloads v1
+                assert _unloaded(engine, v1), engine.adapters()
                 calls = [_served(c, stale.url, key, "Count to two.")]
                 calls.append(_served(c, gw.url, key, "Count to three."))
                 assert {v for v, _ in calls} == {v2}, calls
