@@ -96,6 +96,21 @@ def _wait_healthy(child: Child, url: str, timeout: float, ok: tuple[int, ...] = 
         time.sleep(0.5)
 
 
+class _Steps:
+    """``[k/n] what ...`` when a start step begins, and how long it took when it ends."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.k, self.t0 = total, 0, time.monotonic()
+
+    def begin(self, what: str) -> None:
+        self.k += 1
+        self.t0 = time.monotonic()
+        click.echo(f"[{self.k}/{self.total}] {what} ...", err=True)
+
+    def end(self, state: str) -> None:
+        click.echo(f"      {state} ({time.monotonic() - self.t0:.0f} s)", err=True)
+
+
 def _signal_group(child: Child, sig: int) -> None:
     """Signal the child's whole process group (a Celery worker has pool processes)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -269,11 +284,11 @@ def launch(
         adapters = str(settings.effective_adapter_dir.resolve())
         engine_args = (*engine_args, "--allowed-lora-dir", adapters)
     children: list[Child] = []
+    step = _Steps(3 if trainer else 2)
     try:
-        click.echo(
-            f"starting the engine ({'SGLang' if sglang else 'embedded'}; the first start "
-            "converts the packaged model, about a minute) ...",
-            err=True,
+        step.begin(
+            f"engine: {shape.engines} {'SGLang' if sglang else 'embedded'} (the first start "
+            "converts the packaged model: 1-2 minutes)"
         )
         for i, (p, url) in enumerate(zip(engine_ports, engine_urls, strict=True)):
             args = ["-m", "engine", "--port", str(p), *engine_args]
@@ -281,7 +296,8 @@ def launch(
             name = _name("engine", i, shape.engines)
             children.append(_start(name, args, logs, env, command))
             _wait_healthy(children[-1], url, 900)  # one at a time: the first converts
-        click.echo("starting the gateway ...", err=True)
+        step.end("answering")
+        step.begin(f"gateway: {shape.gateways} on {', '.join(bases)}")
         started = []
         for i, p in enumerate(ports):
             args = ["-m", "rlgate.cli", "gateway", "--port", str(p)]
@@ -290,8 +306,10 @@ def launch(
             started.append(children[-1])
         for child, base in zip(started, bases, strict=True):
             _wait_healthy(child, base, 120, ok=(200, 503))
+        step.end("answering")
         trainer_note = "trainer: not started (--no-trainer)"
         if trainer:
+            step.begin(f"trainer: {shape.workers} Celery worker(s)")
             worker_env = {**env, "OMP_NUM_THREADS": str(trainer_threads)}
             names = []
             for i in range(shape.workers):
@@ -307,6 +325,7 @@ def launch(
                 if shape.workers > 1
                 else f"trainer: Celery worker + schedule (log {names[0]})"
             )
+            step.end("started (it takes jobs once Celery is up, a few seconds)")
     except BaseException:
         _stop(children)
         raise

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,19 +73,31 @@ def running(
     env = {**os.environ, "PYTHONPATH": str(REPO), **env}
     url = f"http://127.0.0.1:{port}"
     fh = open(log, "ab")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    # its own process group: stopped with every child it started (SGLang's scheduler and
+    # detokenizer, a gateway's render pool), also when a test times out
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+    )
     p = Proc(url, proc, log, env)
     try:
         _wait_healthy(url, proc, log, timeout, ok)
         yield p
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_group(proc)
         fh.close()
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace: float = 20) -> None:
+    """SIGTERM to ``proc``'s process group, SIGKILL to what is left after ``grace`` s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    with suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace)
+    with suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # children that outlived their parent
+    proc.wait()
 
 
 def engine_cmd(port: int, *extra: str, data_dir: Path = MODEL_CACHE) -> list[str]:
@@ -154,7 +166,9 @@ def worker(
     name = f"test-{os.getpid()}-{time.monotonic_ns() % 10**6}@%h"
     cmd = [sys.executable, "-m", "rlgate.cli", "worker", "-n", name]
     fh = open(log, "ab")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + timeout
         while b" ready." not in log.read_bytes():
@@ -163,10 +177,5 @@ def worker(
             time.sleep(0.2)
         yield Worker(proc, log)
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_group(proc, grace=30)  # the worker, its pool and its verify pool
         fh.close()

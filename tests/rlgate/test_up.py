@@ -216,7 +216,9 @@ def test_up_engine_sglang_starts_the_operators_command_with_rlgates_flags(tmp_pa
     flags = " ".join(cmd)
     assert f"--model-path {model} --host 127.0.0.1 --port 31234 --api-key=-k3y" in flags
     assert "--enable-lora --max-lora-rank 64 --lora-target-modules all" in flags
-    assert cmd[-4:] == ["--device", "cpu", "--max-loras-per-batch", "2"]
+    # the operator's flags, then (on CPU, none of theirs) the fraction computed for this start
+    assert cmd[-6:-2] == ["--device", "cpu", "--max-loras-per-batch", "2"]
+    assert cmd[-2] == "--mem-fraction-static" and 0.05 <= float(cmd[-1]) <= 0.9
     assert "--allowed-lora-dir" not in cmd and "--num-threads" not in cmd
 
 
