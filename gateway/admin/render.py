@@ -14,6 +14,14 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from gateway.admin import queries
 from gateway.admin.auth import Ctx
+from schemas.atdp import (
+    FeedbackSource,
+    FeedbackTarget,
+    KeyKind,
+    RunStatus,
+    RunTrigger,
+    SessionStatus,
+)
 
 HERE = Path(__file__).resolve().parent
 CSP = (
@@ -96,6 +104,11 @@ env.globals["binary_note"] = (
     "that answer rather than just not rewarding it"
 )
 env.globals["qs"] = _qs
+# the list filters' choices, from the enums the rows hold (schemas/atdp.py), never retyped
+env.globals["choices"] = {
+    e.__name__: [m.value for m in e]
+    for e in (FeedbackSource, FeedbackTarget, KeyKind, RunStatus, RunTrigger, SessionStatus)
+}
 env.globals["json_dumps"] = lambda v: json.dumps(queries.jsonable(v), indent=2, ensure_ascii=False)
 
 

@@ -5,11 +5,20 @@ to roll back to, naming the version it replaces."""
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
 
 from gateway.admin.render import _num, _plural, _rating, env
+from schemas.atdp import (
+    FeedbackSource,
+    FeedbackTarget,
+    KeyKind,
+    RunStatus,
+    RunTrigger,
+    SessionStatus,
+)
 
 
 @pytest.mark.parametrize(
@@ -153,3 +162,31 @@ def test_the_feedback_list_explains_the_binary_mapping():
     )
     assert '<td class="value"' in out and ">down</td>" in out
     assert "down (false, 0, -1" in out and "is reward -1" in out
+
+
+@pytest.mark.parametrize(
+    "template,field,values",
+    [
+        ("runs.html", "status", RunStatus),
+        ("runs.html", "trigger", RunTrigger),
+        ("feedback.html", "source", FeedbackSource),
+        ("feedback.html", "target_type", FeedbackTarget),
+        ("sessions.html", "status", SessionStatus),
+        ("keys.html", "kind", KeyKind),
+    ],
+)
+def test_a_list_filter_offers_what_its_rows_can_hold(template, field, values):
+    """Each list filter's choices are the values of the column it filters (was: the run
+    filter offered 'succeeded', 'rejected' and 'skipped', which no run has, and lacked
+    'cancelled'; the feedback filter lacked 'next_turn')."""
+    request = SimpleNamespace(url=SimpleNamespace(path="/admin/x"), query_params={})
+    page = SimpleNamespace(items=[], total=0, page=1, pages=1)
+    out = env.get_template(template).render(
+        request=request, page=page, f={}, projects=[], csrf="c", who=None, keys=[], items=[]
+    )
+    filters = re.search(r'<form class="filters" method="get">.*?</form>', out, re.S)
+    assert filters is not None, out[:2000]
+    select = re.search(rf'<select name="{field}"[^>]*>(.*?)</select>', filters.group(0), re.S)
+    assert select is not None, filters.group(0)
+    offered = re.findall(r'<option value="([^"]*)"', select.group(1))
+    assert [v for v in offered if v] == [v.value for v in values]
