@@ -144,7 +144,7 @@ def new_rid(prefix: str) -> str:
 
 
 def generate_body(
-    input_ids: list[int] | list[list[int]],
+    input_ids: list[int] | list[list[int]] | list[str],
     sampling: Sampling | list[Sampling],
     *,
     adapter: str | None | list[str | None] = None,
@@ -155,11 +155,13 @@ def generate_body(
     logprob_start_len: int | None = None,
 ) -> dict[str, Any]:
     """A ``/generate`` body: the prompt as ids (one, or a batch with a list of
-    ``sampling``/``adapter`` per prompt), the adapter named explicitly (SGLang uses the
-    base model for a missing ``lora_path``), logprobs returned."""
+    ``sampling``/``adapter`` per prompt; a batch of strings is sent as SGLang's ``text``,
+    which the engine tokenizes), the adapter named explicitly (SGLang uses the base model
+    for a missing ``lora_path``), logprobs returned."""
     params = [s.params() for s in sampling] if isinstance(sampling, list) else sampling.params()
+    texts = bool(input_ids) and all(isinstance(x, str) for x in input_ids)
     body: dict[str, Any] = {
-        "input_ids": input_ids,
+        "text" if texts else "input_ids": input_ids,
         "sampling_params": params,
         "return_logprob": return_logprob,
         "top_logprobs_num": top_logprobs,

@@ -279,12 +279,9 @@ def eval_scores(
                 else gate.prompts[i].prompt
                 for _, i in idx
             ]
-            body: dict[str, Any] = {
-                kind: batch,
-                "lora_path": [adapters[a] for a, _ in idx],
-                "return_logprob": True,  # the verifier sees a complete Interaction
-                "sampling_params": {"temperature": 0, "max_new_tokens": gate.max_new_tokens},
-            }
+            # greedy; logprobs returned: the verifier sees a complete Interaction
+            greedy = proto.Sampling(max_new_tokens=gate.max_new_tokens, temperature=0.0)
+            body = proto.generate_body(batch, greedy, adapter=[adapters[a] for a, _ in idx])
             where = f"eval prompts {idx[0][1]}..{idx[-1][1]}"
             try:
                 answer = engine.generate(body)
