@@ -28,6 +28,7 @@ from core.redaction_patterns import compile_patterns
 
 EMBEDDED_ENGINE_URL = "http://127.0.0.1:30000"
 PACKAGED_MODEL = "packaged:smollm2-135m-instruct"
+TRACKERS = ("wandb", "mlflow", "tensorboard")  # RLGATE_TRACKERS: trainer/tracking.py
 
 
 class ConfigError(Exception):
@@ -309,6 +310,45 @@ class Settings(BaseSettings):
         "it, the candidate is rejected (audited) and the run ends trained-not-published. "
         "0: RLGATE_VERIFY_TIME_LIMIT_S.",
     )
+    # ---- run tracking (trainer/tracking.py, docs/observability.md): the operator's own
+    # settings; no project or admin setting names a tracker or where it writes
+    trackers: str = Field(
+        "",
+        description="Experiment trackers the worker logs each training run to, "
+        "comma-separated: wandb, mlflow, tensorboard (each needs its extra, e.g. "
+        "pip install 'rlgate[mlflow]'). Empty or none: no tracking. A tracker that fails "
+        "is noted on the run (config.tracking.warnings) and the run goes on.",
+    )
+    public_url: str = Field(
+        "",
+        description="The gateway's base URL as people reach it (e.g. https://rlgate.example.com); "
+        "a tracked run links to its dashboard page, <public url>/admin/runs/<run id>. "
+        "Default: http://<gateway host>:<gateway port>.",
+    )
+    mlflow_tracking_uri: str = Field(
+        "",
+        description="MLflow tracking server or store (http://host:5000, sqlite:///path). "
+        "Default: MLflow's MLFLOW_TRACKING_URI, else sqlite:///<data dir>/mlflow.db.",
+    )
+    mlflow_experiment: str = Field(
+        "rlgate", min_length=1, description="MLflow experiment of the tracked runs."
+    )
+    wandb_project: str = Field("rlgate", min_length=1, description="W&B project of the runs.")
+    wandb_entity: str = Field("", description="W&B entity (team or user); empty: the default.")
+    wandb_mode: str = Field(
+        "",
+        pattern="^(|online|offline)$",
+        description="W&B mode: online or offline (runs kept in RLGATE_WANDB_DIR for "
+        "`wandb sync`). Empty: W&B's own (WANDB_MODE, else online).",
+    )
+    wandb_dir: Path | None = Field(
+        None, description="Where W&B keeps its run files. Default: <data dir>/wandb."
+    )
+    tensorboard_dir: Path | None = Field(
+        None,
+        description="TensorBoard event files, one directory per run "
+        "(<dir>/<project>/<run id>). Default: <data dir>/tensorboard.",
+    )
     metrics_public: bool = Field(False, description="Serve /metrics without an admin key.")
     docs_public: bool = Field(False, description="Serve /openapi.json without an admin key.")
 
@@ -355,6 +395,19 @@ class Settings(BaseSettings):
         check_entries(self.commands, self.judges)
         return self
 
+    @field_validator("trackers")
+    @classmethod
+    def _trackers(cls, v: str) -> str:
+        names = [n.strip().lower() for n in v.split(",") if n.strip()]
+        unknown = sorted(set(names) - {*TRACKERS, "none"})
+        if unknown:
+            raise ValueError(
+                f"trackers: unknown {unknown}; allowed: none or any of {', '.join(TRACKERS)}"
+            )
+        if "none" in names and len(names) > 1:
+            raise ValueError("trackers: 'none' cannot be combined with a tracker")
+        return ",".join(n for n in dict.fromkeys(names) if n != "none")
+
     @field_validator("log_level")
     @classmethod
     def _level(cls, v: str) -> str:
@@ -383,6 +436,32 @@ class Settings(BaseSettings):
     def eval_gate_budget(self) -> float:
         """The eval gate's scoring budget per publish, in seconds."""
         return self.eval_gate_budget_s or self.verify_time_limit_s
+
+    @property
+    def tracker_list(self) -> tuple[str, ...]:
+        """The trackers each training run is logged to (trainer/tracking.py)."""
+        return tuple(n for n in self.trackers.split(",") if n)
+
+    @property
+    def dashboard_url(self) -> str:
+        """The gateway's base URL for links into the dashboard."""
+        return self.public_url.rstrip("/") or f"http://{self.gateway_host}:{self.gateway_port}"
+
+    @property
+    def effective_mlflow_tracking_uri(self) -> str:
+        if self.mlflow_tracking_uri:
+            return self.mlflow_tracking_uri
+        if os.environ.get("MLFLOW_TRACKING_URI"):
+            return os.environ["MLFLOW_TRACKING_URI"]
+        return f"sqlite:///{(self.data_dir / 'mlflow.db').resolve().as_posix()}"
+
+    @property
+    def effective_wandb_dir(self) -> Path:
+        return self.wandb_dir or self.data_dir / "wandb"
+
+    @property
+    def effective_tensorboard_dir(self) -> Path:
+        return self.tensorboard_dir or self.data_dir / "tensorboard"
 
     @property
     def engine_url_list(self) -> list[str]:
@@ -426,6 +505,7 @@ class Settings(BaseSettings):
             out[name] = str(value)
         out["database_url"] = mask_url(self.effective_database_url)
         out["broker_url"] = mask_url(self.effective_broker_url)
+        out["mlflow_tracking_uri"] = mask_url(self.mlflow_tracking_uri)
         return out
 
 

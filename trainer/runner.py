@@ -38,13 +38,14 @@ from schemas.tables import (
     RunHintRow,
     TrainingRunRow,
 )
-from trainer import guards, runs
+from trainer import guards, runs, trackers
 from trainer.advantages import Baselines, compute_advantages
 from trainer.config import TrainConfig, TrainConfigError
 from trainer.data import Sample, select_samples
 from trainer.hints import Hint, Placer, attach
 from trainer.metrics import SUMMARY_KEYS
 from trainer.serving_switch import db_factory, project_config, publish_version
+from trainer.tracking import Tracking
 
 log = logging.getLogger("rlgate.trainer")
 # a run looks at up to this many x max_samples rows, so that zero-variance groups (dropped)
@@ -98,9 +99,29 @@ def run_training(
         log.info("project %s: not training: %s", project_id, reason)
         return {"status": "skipped", "reason": reason}
     log.info("project %s: run %s (%s) started", project_id, run_id, trigger)
+    tracking = trackers.start_run(factory, settings, project_id, run_id, trigger, cfg)
+    try:
+        return _run_claimed(factory, settings, project_id, run_id, cfg, progress, guard, tracking)
+    finally:
+        trackers.finish_run(factory, tracking, run_id)
+
+
+def _run_claimed(
+    factory: sessionmaker[Session],
+    settings: Settings,
+    project_id: str,
+    run_id: str,
+    cfg: TrainConfig,
+    progress: bool,
+    guard: dict[str, Any] | None,
+    tracking: Tracking,
+) -> dict[str, Any]:
+    """Train the claimed run, commit it and publish it."""
     try:
         with runs.Heartbeat(factory, run_id, cfg.heartbeat_s):
-            outcome = _train_and_commit(factory, settings, project_id, run_id, cfg, progress, guard)
+            outcome = _train_and_commit(
+                factory, settings, project_id, run_id, cfg, progress, guard, tracking
+            )
     except Exception as e:
         log.error("run %s failed:\n%s", run_id, traceback.format_exc())
         _fail_if_ours(factory, run_id, f"{type(e).__name__}: {e}")
@@ -153,6 +174,7 @@ def _train_and_commit(
     cfg: TrainConfig,
     progress: bool,
     guard: dict[str, Any] | None = None,
+    tracking: Tracking | None = None,
 ) -> dict[str, Any]:
     from engine.model_files import resolve_model_dir
     from trainer.policy import Policy, lora_config_dict
@@ -238,7 +260,7 @@ def _train_and_commit(
         kept,
         cfg,
         progress=progress,
-        on_step=lambda m: runs.heartbeat(factory, run_id, {"step": m}),
+        on_step=lambda m: _on_step(factory, run_id, m, tracking),
         policy_version=serving.version if (serving and policy.warm_started_from) else 0,
         hint_gaps=hint_gaps,
     )
@@ -301,6 +323,15 @@ def _train_and_commit(
         "data": data_stats,
         "steps": len(steps),
     }
+
+
+def _on_step(
+    factory: sessionmaker[Session], run_id: str, step: dict[str, Any], tracking: Tracking | None
+) -> None:
+    """Each step: onto the run's row (the dashboard's run page), then to its trackers."""
+    runs.heartbeat(factory, run_id, {"step": step})
+    if tracking is not None:
+        tracking.step(step)
 
 
 def place_hints(

@@ -207,3 +207,12 @@ def finish(
             run.config = {**(run.config or {}), "data_stats": fields.pop("data_stats")}
         for k, v in fields.items():
             setattr(run, k, v)
+
+
+def annotate(factory: sessionmaker[Session], run_id: str, key: str, value: Any) -> None:
+    """Keep ``value`` under the run's ``config[key]``, whatever its status (the dashboard's
+    run page shows the config)."""
+    with transaction(factory) as db:
+        run = db.get(TrainingRunRow, run_id)
+        if run is not None:
+            run.config = {**(run.config or {}), key: value}
