@@ -116,6 +116,8 @@ async def write_stream(
             return
         await pipeline.finish_stream(prep, finished, on_recorded)
     except Exception as e:  # noqa: BLE001 - every failure ends the stream in its format
+        if prep.trace is not None:
+            prep.trace.fail(e)
         for chunk in writer.error(stream_failure(e)):
             yield chunk
         return

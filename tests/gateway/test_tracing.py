@@ -177,6 +177,15 @@ def test_every_api_streams_and_batches(
         assert r.status_code == 200, r.text
         batch_ids = r.headers["X-Rlgate-Interaction-Ids"].split(",")
         spans = receiver.wait_for(lambda s: _complete(s, 3))
+        sent = list(st.engine.traceparents)
+
+    # every engine request, streamed or not, carried its own engine span's traceparent
+    engine_spans = [s for s in spans if s.name == "engine generate"]
+    assert len(sent) == len(engine_spans) == 5  # 2 choices + 1 + 2 prompts
+    # (the flags: sampled, and random trace id on the SDKs that set that W3C level 2 bit)
+    assert sorted(tp[:-3] for tp in sent) == sorted(
+        f"00-{e.trace_id}-{e.span_id}" for e in engine_spans
+    )
 
     by_api = {s.attributes["rlgate.api"]: s for s in _calls(spans)}
     assert set(by_api) == {"openai-chat", "anthropic-messages", "openai-completions"}
