@@ -234,6 +234,25 @@ class Settings(BaseSettings):
         "older than this many days (daily trainer beat job; `rlgate retention`). Unset: keep.",
     )
 
+    # ---- traces (gateway/tracing.py, docs/observability.md "Traces") -------------------
+    otlp_endpoint: str = Field(
+        "",
+        description="An OTLP/HTTP (protobuf) collector, e.g. http://collector:4318: each "
+        "model call is then a span under the OpenTelemetry GenAI conventions, with child "
+        "spans for the engine call and the recording (traces go to <endpoint>/v1/traces; a "
+        "URL already ending in /v1/traces is used as it is). Needs the `otel` extra "
+        "(pip install 'rlgate[otel]'). The standard OTEL_EXPORTER_OTLP_TRACES_HEADERS / "
+        "_TIMEOUT / _COMPRESSION / _CERTIFICATE, OTEL_SERVICE_NAME, "
+        "OTEL_RESOURCE_ATTRIBUTES, OTEL_TRACES_SAMPLER and OTEL_BSP_* apply. Unset: off, "
+        "and nothing of OpenTelemetry is loaded.",
+    )
+    otlp_capture_content: bool = Field(
+        False,
+        description="Put the prompt and answer text into the spans (gen_ai.input.messages, "
+        "gen_ai.output.messages), redacted when redaction is on for the call's project "
+        "(RLGATE_REDACT, a project's redaction setting). Off: spans carry no text.",
+    )
+
     # ---- limits and exposure (gateway/ratelimit.py, docs/gateway.md "Limits") ----------
     rate_limit_rps: float = Field(
         100.0, gt=0, description="Requests per second per key (token bucket refill)."
@@ -369,6 +388,14 @@ class Settings(BaseSettings):
                 raise ConfigError(f"RLGATE_CONFIG points at {path}, which is not a file")
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
         return tuple(sources)
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _otlp_endpoint(cls, v: str) -> str:
+        v = v.strip()
+        if v and not v.startswith(("http://", "https://")):
+            raise ValueError(f"RLGATE_OTLP_ENDPOINT must be an http(s) URL, not {v!r}")
+        return v
 
     @field_validator("redact_patterns")
     @classmethod

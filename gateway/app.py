@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -69,6 +70,21 @@ def _tokenizer_dir(settings: Settings) -> Path | str:
     return settings.model_path  # a hub id, for production deployments that can reach it
 
 
+def build_tracing(settings: Settings) -> Any:
+    """The OpenTelemetry tracer of model calls (gateway/tracing.py) when
+    RLGATE_OTLP_ENDPOINT is set, else None: OpenTelemetry's SDK is imported only then."""
+    if not settings.otlp_endpoint:
+        return None
+    try:
+        from gateway.tracing import Tracing
+    except ImportError as e:
+        raise ConfigError(
+            f"RLGATE_OTLP_ENDPOINT is set but OpenTelemetry is not installed ({e}); "
+            "install it with pip install 'rlgate[otel]'"
+        ) from None
+    return Tracing(settings.otlp_endpoint, capture_content=settings.otlp_capture_content)
+
+
 def build_gateway(settings: Settings) -> Gateway:
     if settings.tool_parser and settings.tool_parser not in TOOL_PARSERS:
         raise ConfigError(f"RLGATE_TOOL_PARSER must be one of {', '.join(TOOL_PARSERS)}")
@@ -124,6 +140,7 @@ def build_gateway(settings: Settings) -> Gateway:
         redaction=RedactionPolicy(factory, settings.redact, settings.redact_patterns),
         commit_wait_s=settings.commit_wait_s,
         leases=leases,
+        tracing=build_tracing(settings),
     )
     admin = settings.admin_key.get_secret_value() if settings.admin_key else None
     auth = Authenticator(factory, admin, settings.default_project, settings.session_key_grace_s)
@@ -180,6 +197,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await asyncio.to_thread(gw.recorder.stop)
             if gw.next_turn is not None:
                 await asyncio.to_thread(gw.next_turn.stop)
+            if gw.pipeline.tracing is not None:  # the spans still queued, then stop
+                await asyncio.to_thread(gw.pipeline.tracing.shutdown)
 
     app = FastAPI(
         title="rlgate",

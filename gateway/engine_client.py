@@ -270,7 +270,11 @@ class EngineClient:
 
     @asynccontextmanager
     async def _exchange(
-        self, payload: dict[str, Any], affinity: str, project: str
+        self,
+        payload: dict[str, Any],
+        affinity: str,
+        project: str,
+        headers: dict[str, str] | None = None,
     ) -> AsyncIterator[tuple[EngineSlot, Any, aiohttp.ClientResponse]]:
         """The failover loop of every ``/generate``, streamed or not: tries the candidates
         in order until one answers 200 (for a stream: with a first event that is not an
@@ -278,8 +282,9 @@ class EngineClient:
         the answer's JSON or the stream's first event, the response); an engine that
         cannot be reached, or refuses because it lacks the adapter, passes the request
         to the next one. The engine's slot is held, for ``project``, while the caller
-        reads."""
+        reads. ``headers``: more request headers (a trace's ``traceparent``)."""
         body = proto.encode(payload)
+        sent = {**self._headers, **headers} if headers else self._headers
         adapter = payload.get("lora_path")
         stream = bool(payload.get("stream"))
         last: Exception | None = None
@@ -289,7 +294,7 @@ class EngineClient:
                     resp = await self.http.post(
                         slot.url + proto.GENERATE,
                         data=body,
-                        headers=self._headers,
+                        headers=sent,
                         **self._kw(slot.url),
                     )
                 except _UNREACHABLE as e:
@@ -325,17 +330,25 @@ class EngineClient:
         raise _exhausted(last)
 
     async def generate(
-        self, payload: dict[str, Any], affinity: str, project: str = ""
+        self,
+        payload: dict[str, Any],
+        affinity: str,
+        project: str = "",
+        headers: dict[str, str] | None = None,
     ) -> tuple[Any, str]:
         """Non-streaming generate for ``project`` (whose share of the engine's slots it
         uses); returns (response JSON, engine url)."""
-        request = self._exchange({**payload, "stream": False}, affinity, project)
+        request = self._exchange({**payload, "stream": False}, affinity, project, headers)
         async with request as (slot, answer, _):
             return answer, slot.url
 
     @asynccontextmanager
     async def stream(
-        self, payload: dict[str, Any], affinity: str, project: str = ""
+        self,
+        payload: dict[str, Any],
+        affinity: str,
+        project: str = "",
+        headers: dict[str, str] | None = None,
     ) -> AsyncIterator[tuple[AsyncIterator[dict[str, Any]], str]]:
         """Streaming generate for ``project``: yields (iterator of engine chunks, engine
         url).
@@ -344,7 +357,8 @@ class EngineClient:
         aborts the request; an explicit /abort_request is sent as well.
         """
         payload = {**payload, "stream": True}
-        async with self._exchange(payload, affinity, project) as (slot, (first, lines), resp):
+        exchange = self._exchange(payload, affinity, project, headers)
+        async with exchange as (slot, (first, lines), resp):
             finished = first is proto.DONE
 
             async def chunks() -> AsyncIterator[dict[str, Any]]:

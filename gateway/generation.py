@@ -39,6 +39,8 @@ class Prepared:
     engine_url: str | None = None
     forced_tools: str | None = None  # the structural_tag of forced calls (forced_tools.py)
     attempt: int = 0  # the client SDK's retry count of this request (gateway/retries.py)
+    # the call's span (gateway/tracing.py CallTrace) when traces are on; None: off
+    trace: Any = None
 
     @property
     def policy_version(self) -> str:

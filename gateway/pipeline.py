@@ -7,11 +7,12 @@ everything token-exact, durable or session-related happens here, once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core import engine_protocol as proto
 from core.errors import APIError
@@ -42,9 +43,13 @@ from gateway.sessions import SessionStore
 from gateway.templating import ChatRenderer, check_prompt_chars
 from schemas.coltypes import utcnow
 
+if TYPE_CHECKING:  # imported only when traces are configured (gateway/app.py)
+    from gateway.tracing import Tracing
+
 __all__ = ["Pipeline", "Prepared", "StreamEvent"]
 
 log = logging.getLogger("rlgate.gateway")
+_UNTRACED = contextlib.nullcontext()  # the engine span's stand-in when traces are off
 
 
 class Pipeline:
@@ -65,6 +70,7 @@ class Pipeline:
         redaction: RedactionPolicy | None = None,
         commit_wait_s: float = 5.0,
         leases: Leases | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.renderer = renderer
         self.render_pool = render_pool or RenderPool()
@@ -81,6 +87,7 @@ class Pipeline:
         self._context_checked = False
         self.redaction = redaction or RedactionPolicy(None)  # off unless configured
         self.commit_wait_s = commit_wait_s
+        self.tracing = tracing  # OpenTelemetry spans of calls (gateway/tracing.py); None: off
 
     async def _ensure_context(self) -> None:
         """Use the engines' own context length (SGLang's /get_server_info) once known."""
@@ -216,6 +223,8 @@ class Pipeline:
             results = await asyncio.gather(
                 *[
                     self.engines.generate(engine_payload(prep, i, False), affinity, project)
+                    if prep.trace is None
+                    else self._traced_generate(prep, i)
                     for i in range(prep.req.sampling.n)
                 ]
             )
@@ -225,6 +234,15 @@ class Pipeline:
             self.metrics.in_flight.dec()
         prep.engine_url = results[0][1]
         return [self._completion(prep, i, out) for i, (out, _) in enumerate(results)]
+
+    async def _traced_generate(self, prep: Prepared, index: int) -> tuple[Any, str]:
+        """``engines.generate`` of choice ``index`` in its engine span (traceparent sent)."""
+        payload = engine_payload(prep, index, False)
+        with prep.trace.engine(index, payload) as span:
+            affinity, project = prep.session.session_id, prep.principal.project_id
+            out, url = await self.engines.generate(payload, affinity, project, span.headers)
+            span.answered(url)
+        return out, url
 
     async def stream(self, prep: Prepared, keep_partial: bool = True) -> AsyncIterator[StreamEvent]:
         """Token-by-token events from every choice, merged; last event per choice is final.
@@ -245,35 +263,42 @@ class Pipeline:
             reader = proto.StreamReader()
             partial[index] = reader
             prompt_pending = prep.req.prompt_logprobs
-            async with self.engines.stream(
-                engine_payload(prep, index, True),
-                prep.session.session_id,
-                prep.principal.project_id,
-            ) as (chunks, url):
-                prep.engine_url = url
-                async for chunk in chunks:
-                    new = reader.feed(chunk)
-                    if prep.ttft_ms is None and new.ids:
-                        prep.ttft_ms = (time.monotonic() - prep.started) * 1000
-                    d = parser.feed(new.text)
-                    if d.content or d.reasoning or d.tool_calls or new.ids or new.text:
-                        prompt = {}
-                        if prompt_pending:
-                            prompt = proto.prompt_logprobs_of(chunk.get("meta_info") or {})
-                            prompt_pending = False
-                        await queue.put(
-                            StreamEvent(
-                                index=index,
-                                text=new.text,
-                                content=d.content,
-                                reasoning=d.reasoning,
-                                tool_calls=d.tool_calls,
-                                new_ids=new.ids,
-                                new_logprobs=new.logprobs,
-                                new_top=new.top,
-                                **prompt,
+            payload = engine_payload(prep, index, True)
+            span = prep.trace.engine(index, payload) if prep.trace is not None else None
+            with span or _UNTRACED:
+                async with self.engines.stream(
+                    payload,
+                    prep.session.session_id,
+                    prep.principal.project_id,
+                    headers=span.headers if span is not None else None,
+                ) as (chunks, url):
+                    prep.engine_url = url
+                    if span is not None:
+                        span.answered(url)
+                    async for chunk in chunks:
+                        new = reader.feed(chunk)
+                        if prep.ttft_ms is None and new.ids:
+                            prep.ttft_ms = (time.monotonic() - prep.started) * 1000
+                        d = parser.feed(new.text)
+                        if d.content or d.reasoning or d.tool_calls or new.ids or new.text:
+                            prompt = {}
+                            if prompt_pending:
+                                meta = chunk.get("meta_info") or {}
+                                prompt = proto.prompt_logprobs_of(meta)
+                                prompt_pending = False
+                            await queue.put(
+                                StreamEvent(
+                                    index=index,
+                                    text=new.text,
+                                    content=d.content,
+                                    reasoning=d.reasoning,
+                                    tool_calls=d.tool_calls,
+                                    new_ids=new.ids,
+                                    new_logprobs=new.logprobs,
+                                    new_top=new.top,
+                                    **prompt,
+                                )
                             )
-                        )
             done = self._completion(prep, index, reader.output())
             if is_cut_forced(prep, done.finish_reason):  # the cut call, never its markup
                 tail = StreamDelta(tool_calls=done.tool_calls[len(parser.calls) :])
@@ -410,17 +435,34 @@ class Pipeline:
         Called for a finished call or stream, an aborted stream (``answer=False``: the
         client is gone) and a batch of prompts (gateway.api.openai_completions.prompt_batch).
         A call that generates nothing (``max_tokens: 0``: Completions' ``echo`` scoring a
-        prompt) is not recorded: there is no model turn, nothing to train on."""
+        prompt) is not recorded: there is no model turn, nothing to train on.
+        With traces on, the call's span gets the outcome and the recording its own span."""
+        trace = calls[0][0].trace if calls else None
+        if trace is not None:
+            for prep, cs in calls:
+                trace.result(prep, cs)
         calls = [(prep, cs) for prep, cs in calls if prep.limit.tokens > 0]
         if not calls:
             return
+        if trace is None:
+            await self._record_many(calls, answer)
+            return
+        if trace.tracing.capture_content:
+            await trace.capture(calls, self.redaction)
+        with trace.recording(sum(len(cs) for _, cs in calls)) as span:
+            span.committed(await self._record_many(calls, answer))
+
+    async def _record_many(
+        self, calls: list[tuple[Prepared, list[Completion]]], answer: bool
+    ) -> bool:
+        """``record_many`` of calls to record; True once committed (when waited for)."""
         records = [r for prep, cs in calls for r in self._records(prep, cs)]
         prep = calls[0][0]
         # data protection: the one place records are redacted before storage
         records = await self.redaction.apply(prep.principal.project_id, records)
         ticket = await self.recorder.record(records)
         if not answer or self.commit_wait_s <= 0:
-            return
+            return False
         if await ticket.wait(self.commit_wait_s) is None:
             log.warning(
                 "answered %s before its record was committed: the database took over %gs "
@@ -429,3 +471,5 @@ class Pipeline:
                 prep.interaction_id,
                 self.commit_wait_s,
             )
+            return False
+        return True

@@ -195,14 +195,17 @@ class RedactionPolicy:
         self._cache[project_id] = (now, redactor)
         return redactor
 
+    async def redactor(self, project_id: str) -> Redactor | None:
+        """``for_project`` without blocking the event loop (the cache, else a thread)."""
+        hit = self._cache.get(project_id)
+        if hit and time.monotonic() - hit[0] < self.ttl_s:
+            return hit[1]
+        return await asyncio.to_thread(self.for_project, project_id)
+
     async def apply(self, project_id: str, items: list[SpoolRecord]) -> list[SpoolRecord]:
         """The recorder items for ``project_id``, redacted when redaction is on for it."""
         items = [strip_client_marker(i) for i in items]
-        hit = self._cache.get(project_id)
-        if hit and time.monotonic() - hit[0] < self.ttl_s:
-            redactor = hit[1]
-        else:
-            redactor = await asyncio.to_thread(self.for_project, project_id)
+        redactor = await self.redactor(project_id)
         if redactor is None:
             return items
         return await asyncio.to_thread(lambda: [redactor.record(i) for i in items])

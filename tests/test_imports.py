@@ -227,3 +227,46 @@ def test_tests_mirror_the_packages() -> None:
     assert root_tests == ["test_imports.py"], root_tests
     for package in PACKAGES:
         assert (ROOT / "tests" / package / "__init__.py").is_file(), f"tests/{package}/ missing"
+
+
+def _module_level_imports(path: Path) -> set[str]:
+    """Names imported when the module is loaded: its top-level statements, not function
+    bodies, and not under ``if TYPE_CHECKING:``."""
+    names: set[str] = set()
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.If):
+            if "TYPE_CHECKING" not in ast.unparse(node.test):
+                todo.extend(node.body + node.orelse)
+        elif isinstance(node, ast.Try):
+            todo.extend(node.body + node.orelse + node.finalbody)
+    return names
+
+
+def test_opentelemetry_is_loaded_only_for_traces() -> None:
+    """OpenTelemetry is an optional extra (rlgate[otel]): only gateway/tracing.py imports
+    it, and no module loads gateway/tracing.py with itself (gateway/app.py imports it in
+    ``build_tracing``, when RLGATE_OTLP_ENDPOINT is set)."""
+    modules = _modules()
+    _, raw = _graph()
+    bad = sorted(
+        f"{module} imports {name}"
+        for module, names in raw.items()
+        if module != "gateway.tracing"
+        for name in names
+        if _top(name) == "opentelemetry"
+    )
+    assert not bad, "\n".join(bad)
+    loads = sorted(
+        module
+        for module, path in modules.items()
+        if module != "gateway.tracing" and "gateway.tracing" in _module_level_imports(path)
+    )
+    assert not loads, f"modules that load gateway.tracing with themselves: {loads}"

@@ -116,6 +116,8 @@ async def write_stream(
             return
         await pipeline.finish_stream(prep, finished, on_recorded)
     except Exception as e:  # noqa: BLE001 - every failure ends the stream in its format
+        if prep.trace is not None:
+            prep.trace.fail(e)
         for chunk in writer.error(stream_failure(e)):
             yield chunk
         return
@@ -131,6 +133,19 @@ def stream_failure(e: Exception) -> APIError:
         return e
     log.error("a stream failed after it began", exc_info=e)
     return APIError(500, f"the gateway failed mid-stream ({e.__class__.__name__}); retry")
+
+
+async def _ending(body: Any, trace: Any) -> AsyncIterator[Any]:
+    """A stream's body that ends the call's span when it ends (or the client leaves)."""
+    try:
+        async with contextlib.aclosing(body):
+            async for chunk in body:
+                yield chunk
+    except BaseException as e:
+        trace.fail(e)
+        raise
+    finally:
+        trace.end()
 
 
 @dataclass
@@ -161,6 +176,9 @@ class ApiHandler:
 
     ID_PREFIX: ClassVar[str]
     FIT_MAX_TOKENS: ClassVar[bool] = False
+    OPERATION: ClassVar[str] = "chat"  # its calls' gen_ai.operation.name (gateway/tracing.py)
+
+    trace: Any = None  # the call's span (gateway/tracing.py CallTrace) when traces are on
 
     def __init__(self, call: Call) -> None:
         self.call = call
@@ -170,8 +188,32 @@ class ApiHandler:
 
     @classmethod
     async def handle(cls, request: Request) -> Response:
+        tracing = gw_of(request).pipeline.tracing
+        if tracing is not None:
+            return await cls._traced(request, tracing.start_call(request.headers, cls.OPERATION))
         handler = cls(await open_call(request))
         return await handler.answer(await handler.prepare_all(await handler.to_internal()))
+
+    @classmethod
+    async def _traced(cls, request: Request, trace: Any) -> Response:
+        """``handle`` inside the call's span, which ends with the answer (a stream's: once
+        its body is sent, or the client leaves)."""
+        try:
+            handler = cls(await open_call(request))
+            handler.trace = trace
+            response = await handler.answer(await handler.prepare_all(await handler.to_internal()))
+        except BaseException as e:
+            if isinstance(e, Exception):  # not a cancellation: the client gets an error
+                trace.status(e.status if isinstance(e, APIError) else 500)
+            trace.fail(e)
+            trace.end()
+            raise
+        trace.status(response.status_code)
+        if isinstance(response, StreamingResponse):
+            response.body_iterator = _ending(response.body_iterator, trace)
+        else:
+            trace.end()
+        return response
 
     async def prepare_all(self, reqs: list[GenerationRequest]) -> list[Prepared]:
         """Every request prepared before any is generated."""
@@ -186,6 +228,9 @@ class ApiHandler:
             client_agent=agent_of(self.call.request.headers),
         )
         prep.attempt = client_attempt(self.call.request.headers)
+        if self.trace is not None:
+            prep.trace = self.trace
+            self.trace.describe(prep)
         return prep
 
     # ---- the hooks ---------------------------------------------------------------------

@@ -59,6 +59,7 @@ class FakeEngine:
         self.url = ""
         self._lock = threading.Lock()
         self.arrivals: list[dict[str, Any]] = []
+        self.traceparents: list[str | None] = []  # each /generate's W3C traceparent header
         self._holding = False
         self._released = 0  # how many of the held requests may finish, oldest first
         self._done = 0
@@ -117,6 +118,7 @@ class FakeEngine:
         with self._lock:
             index = len(self.arrivals)
             self.arrivals.append(body)
+            self.traceparents.append(request.headers.get("traceparent"))
         await self._turn(index)
         with self._lock:
             self._done += 1

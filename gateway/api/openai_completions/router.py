@@ -22,6 +22,7 @@ router = APIRouter()
 
 class Completions(ApiHandler):
     ID_PREFIX = translator.ID_PREFIX
+    OPERATION = "text_completion"
 
     async def to_internal(self) -> list[GenerationRequest]:
         return translator.to_internal(self.call.body, self.session_header())

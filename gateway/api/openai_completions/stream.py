@@ -111,6 +111,8 @@ async def body(
             cs.sort(key=lambda c: c.index)
         await pipeline.record_many(list(zip(writer.preps, finished, strict=True)))
     except Exception as e:  # noqa: BLE001 - every failure ends the stream in its format
+        if writer.preps[0].trace is not None:  # the call's span (gateway/tracing.py)
+            writer.preps[0].trace.fail(e)
         for chunk in writer.error(stream_failure(e)):
             yield chunk
         return
