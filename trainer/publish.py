@@ -5,7 +5,8 @@
   named); an engine that already has that name counts as loaded, so a retried publish
   is idempotent; an engine that cannot be connected to is skipped when another one
   loaded it (every gateway's adapter sync, and the tick's ``sync_engines``, load it when
-  it is back).
+  it is back). Then ``warm``: one greedy token through the adapter on each engine, before
+  any switch, so the first client request on it does not pay its first use.
 - ``serve_from``: the path engines load a version from, its *live* directory
   (core/live_adapters.py), created here and only here; ``retire`` removes it, then
   unloads the version everywhere, so no engine can re-load a retired version on demand
@@ -95,13 +96,13 @@ def load_everywhere(
     dead engine must not hold every publish back, and the adapter syncs load it when it
     is back. An engine that answers and refuses, or no engine loading it, is a
     PublishError."""
-    errors, unreachable, loaded = [], [], 0
+    errors, unreachable, loaded = [], [], []
     for url in engine_urls:
         with _engine(url, TIMEOUT_S, headers) as engine:
             try:
                 ok, message = engine.load(name, path)
                 if ok:  # loaded now, or by an earlier attempt
-                    loaded += 1
+                    loaded.append(url)
                     continue
                 errors.append(f"{url}: {message}")
             except httpx.ConnectError as e:
@@ -112,6 +113,24 @@ def load_everywhere(
         raise PublishError(f"engine refused adapter {name}: " + "; ".join(errors + unreachable))
     for u in unreachable:
         log.warning("adapter %s not loaded into an unreachable engine (the sync will): %s", name, u)
+    warm(loaded, name, headers)
+
+
+# one token of one prompt token: enough to bring a loaded adapter into the engine's batch
+# memory (SGLang's LoRA memory pool, the embedded engine's per-adapter weights) before the
+# switch, so no client request pays its first use
+WARM = proto.generate_body([0], proto.Sampling(max_new_tokens=1, temperature=0.0), adapter=None)
+
+
+def warm(engine_urls: list[str], name: str, headers: dict[str, str] | None = None) -> None:
+    """One greedy token through ``name`` on each engine. Best effort: an engine that
+    fails it still serves the adapter (its first request then pays the first use)."""
+    for url in engine_urls:
+        try:
+            with _engine(url, 60.0, headers) as engine:
+                engine.generate({**WARM, "lora_path": name})
+        except (httpx.HTTPError, proto.EngineRefused) as e:
+            log.warning("warming adapter %s on %s failed (serving it anyway): %s", name, url, e)
 
 
 def unload_everywhere(

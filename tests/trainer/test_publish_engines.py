@@ -1,8 +1,11 @@
 """load_everywhere over several engines: a dead engine (nothing listens) does not hold a
 publish back once another engine loaded the adapter; a refusal, or no engine at all
-loading it, still fails it. Transport-level fakes: no engine process."""
+loading it, still fails it. Each engine that loaded it is then warmed: one token through
+the adapter, before any switch. Transport-level fakes: no engine process."""
 
 from __future__ import annotations
+
+import json
 
 import httpx
 import pytest
@@ -11,11 +14,23 @@ from core.engine_http import EngineHTTP
 from trainer import publish
 
 
-def _fake(monkeypatch: pytest.MonkeyPatch, dead: set[str], refusing: set[str]) -> list[str]:
+def _fake(
+    monkeypatch: pytest.MonkeyPatch, dead: set[str], refusing: set[str], cold: bool = False
+) -> list[str]:
+    """The engines' calls, as ``host`` for a load and ``host generate lora_path
+    max_new_tokens`` for a generation; ``cold``: every generation fails with a 500."""
     calls: list[str] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
         host = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+        if request.url.path == "/generate":
+            body = json.loads(request.content)
+            calls.append(
+                f"{host} generate {body['lora_path']} {body['sampling_params']['max_new_tokens']}"
+            )
+            if cold:
+                return httpx.Response(500, json={"error": {"message": "out of memory"}})
+            return httpx.Response(200, json={"text": "a", "meta_info": {}})
         calls.append(host)
         if host in dead:
             raise httpx.ConnectError("connection refused", request=request)
@@ -36,8 +51,18 @@ A, B = "http://127.0.0.1:1", "http://127.0.0.1:2"
 def test_a_dead_engine_is_skipped_when_another_loaded_it(monkeypatch, caplog):
     calls = _fake(monkeypatch, dead={A}, refusing=set())
     publish.load_everywhere([A, B], "p-v1", "/adapters/p/v1")
-    assert calls == [A, B]
+    assert calls == [A, B, f"{B} generate p-v1 1"]  # only the engine that loaded it is warmed
     assert "unreachable" in caplog.text
+
+
+def test_every_loading_engine_is_warmed_and_a_failed_warm_does_not_fail_it(monkeypatch, caplog):
+    calls = _fake(monkeypatch, dead=set(), refusing=set())
+    publish.load_everywhere([A, B], "p-v2", "/adapters/p/v2")
+    assert calls == [A, B, f"{A} generate p-v2 1", f"{B} generate p-v2 1"]
+    calls = _fake(monkeypatch, dead=set(), refusing=set(), cold=True)
+    publish.load_everywhere([A], "p-v3", "/adapters/p/v3")  # loaded: the publish goes on
+    assert calls == [A, f"{A} generate p-v3 1"]
+    assert "warming adapter p-v3" in caplog.text and "out of memory" in caplog.text
 
 
 def test_no_engine_loading_it_or_a_refusal_fails_the_publish(monkeypatch):
