@@ -104,6 +104,8 @@ class MlflowTracker:
         from mlflow import MlflowClient
 
         self.uri = settings.effective_mlflow_tracking_uri
+        if self.uri.startswith("sqlite:///"):  # a local store: its directory may not exist yet
+            Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         self.experiment = settings.mlflow_experiment
         self.client = MlflowClient(tracking_uri=self.uri)
         self.run_id: str | None = None
