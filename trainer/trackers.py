@@ -104,6 +104,8 @@ class MlflowTracker:
         from mlflow import MlflowClient
 
         self.uri = settings.effective_mlflow_tracking_uri
+        if self.uri.startswith("sqlite:///"):  # a local store: its directory may not exist yet
+            Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         self.experiment = settings.mlflow_experiment
         self.client = MlflowClient(tracking_uri=self.uri)
         self.run_id: str | None = None
@@ -227,34 +229,44 @@ def start_run(
     cfg: TrainConfig,
 ) -> Tracking:
     """trainer/runner.py, once a run is claimed: its tracked run on every configured
-    tracker (none configured: an empty fan-out, nothing read)."""
+    tracker (none configured: an empty fan-out, nothing read). Never raises."""
     if not settings.tracker_list:
         return Tracking([])
-    with factory() as db:
-        serving = serving_version(db, project_id)
-    base = serving.name if (serving is not None and cfg.warm_start) else BASE
-    info = RunInfo(project_id, run_id, base, trigger, cfg.snapshot(), run_url(settings, run_id))
-    return open_run(settings, info)
+    try:
+        with factory() as db:
+            serving = serving_version(db, project_id)
+        base = serving.name if (serving is not None and cfg.warm_start) else BASE
+        url = run_url(settings, run_id)
+        return open_run(settings, RunInfo(project_id, run_id, base, trigger, cfg.snapshot(), url))
+    except Exception as e:  # e.g. the database went away: the run's own code will say so
+        log.warning("run %s: tracking not started: %s", run_id, e)
+        return Tracking([], [f"tracking not started: {type(e).__name__}: {e}"[:1000]])
 
 
 def finish_run(factory: sessionmaker[Session], tracking: Tracking, run_id: str) -> None:
     """trainer/runner.py, when the run is over (published or not): its outcome, as the
-    run's row says, to each tracker; what tracking noted goes into ``config["tracking"]``."""
+    run's row says, to each tracker; what tracking noted goes into ``config["tracking"]``.
+    Never raises."""
     if not tracking.backends and not tracking.warnings:
         return
-    with factory() as db:
-        run = db.get(TrainingRunRow, run_id)
-        pv_id = run.policy_version_id if run is not None else None
-        pv = db.get(PolicyVersionRow, pv_id) if pv_id else None
-        status = run.status if run is not None else RunStatus.failed
-        error = run.error if run is not None else "the run's row is gone"
-        name = pv.name if pv is not None else None
-        scores, notes = eval_numbers(pv.eval_metrics if pv is not None else None)
-    published = name if status == RunStatus.published else None
-    tracking.finish(
-        Outcome(status, name, published, error, scores, notes, last_step=tracking.last_step)
-    )
+    try:
+        tracking.finish(_outcome(factory, run_id, tracking.last_step))
+    except Exception as e:  # the run's rows could not be read: the trackers are closed anyway
+        tracking.warnings.append(f"outcome not read: {type(e).__name__}: {e}"[:1000])
+        tracking.finish(Outcome(RunStatus.failed, error=str(e), last_step=tracking.last_step))
     try:
         runs.annotate(factory, run_id, "tracking", tracking.summary())
     except Exception as e:  # the notes are not worth failing the run over
         log.warning("run %s: could not store its tracking notes: %s", run_id, e)
+
+
+def _outcome(factory: sessionmaker[Session], run_id: str, last_step: int) -> Outcome:
+    with factory() as db:
+        run = db.get(TrainingRunRow, run_id)
+        if run is None:
+            return Outcome(RunStatus.failed, error="the run's row is gone", last_step=last_step)
+        pv = db.get(PolicyVersionRow, run.policy_version_id) if run.policy_version_id else None
+        name = pv.name if pv is not None else None
+        scores, notes = eval_numbers(pv.eval_metrics if pv is not None else None)
+        published = name if run.status == RunStatus.published else None
+        return Outcome(run.status, name, published, run.error, scores, notes, last_step)

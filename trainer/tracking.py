@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -88,22 +87,21 @@ class Backend(Protocol):
     def finish(self, outcome: Outcome) -> None: ...
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
 def step_metrics(step: dict[str, Any]) -> dict[str, float]:
     """A step's metrics as the trackers get them: each trainer.metrics row the step holds
-    as a finite number, keyed ``train/<name>``."""
-    out = {}
-    for name in STEP_NAMES:
-        v = step.get(name)
-        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-            out[STEP_PREFIX + name] = float(v)
-    return out
+    as a number (NaN too: a diverged step shows as one), keyed ``train/<name>``."""
+    return {STEP_PREFIX + n: float(step[n]) for n in STEP_NAMES if _number(step.get(n))}
 
 
 def eval_numbers(metrics: dict[str, Any] | None) -> tuple[dict[str, float], dict[str, str]]:
     """The eval gate's metrics (PolicyVersionRow.eval_metrics) as (numbers, text)."""
     numbers, notes = {}, {}
     for k, v in (metrics or {}).items():
-        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+        if _number(v):
             numbers[k] = float(v)
         elif v is not None:
             notes[k] = str(v)[:2000]

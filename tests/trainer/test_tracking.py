@@ -6,6 +6,7 @@ test_tracking_e2e.py)."""
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -98,7 +99,8 @@ def test_settings_parse_and_refuse_trackers() -> None:
 def test_step_metrics_are_the_metrics_table() -> None:
     step = _steps(1)[0]
     assert set(step_metrics(step)) == {STEP_PREFIX + m.name for m in METRICS}
-    assert step_metrics({"kl": float("nan"), "loss": True, "entropy": 1}) == {"train/entropy": 1.0}
+    odd = step_metrics({"kl": float("nan"), "loss": True, "entropy": 1, "grad_norm": 2.0})
+    assert set(odd) == {"train/kl", "train/entropy"} and odd["train/entropy"] == 1.0
 
 
 def test_run_page_is_the_dashboards() -> None:
@@ -182,6 +184,21 @@ def test_failing_trackers_are_noted_and_the_rest_go_on(
     assert mlflow_note.startswith("mlflow: start failed") and "127.0.0.1" in mlflow_note
     scalars, _ = tensorboard_run(settings.effective_tensorboard_dir / "proj" / "run_abc")
     assert set(scalars["train/loss"]) == {1, 2}
+
+
+def test_a_diverged_step_is_logged_as_nan(tmp_path: Path) -> None:
+    settings = _settings(tmp_path)
+    tracking = trackers.open_run(settings, _info())
+    tracking.step({"step": 1, "loss": float("nan"), "kl": float("inf")})
+    tracking.finish(Outcome("failed", error="loss is NaN", last_step=1))
+    assert tracking.warnings == [] and len(tracking.backends) == 3
+    _, history = mlflow_run(settings.effective_mlflow_tracking_uri, "proj/run_abc")
+    assert math.isnan(history["train/loss"][1])
+    assert history["train/kl"][1] >= 1e308  # MLflow stores inf as the largest float
+    scalars, _ = tensorboard_run(settings.effective_tensorboard_dir / "proj" / "run_abc")
+    assert math.isnan(scalars["train/loss"][1])
+    (wb,) = wandb_runs(settings.effective_wandb_dir)
+    assert math.isnan(wandb_steps(wb)["train/loss"][1]) and wb.exit_code == 1
 
 
 class _Flaky:
