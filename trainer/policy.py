@@ -27,6 +27,7 @@ import torch
 
 from trainer.config import TrainConfig
 from trainer.data import Sample
+from trainer.dist import LOCAL, Dist
 from trainer.forward import (
     MIN_SHARED_PREFIX,
     MicroBatch,
@@ -67,17 +68,32 @@ class Policy:
         self.warm_started_from = warm_started_from
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.param_names = [n for n, p in model.named_parameters() if p.requires_grad]
+        # every micro-batch as plain padded rows, one decoder call each (trainer/dist.py:
+        # FSDP needs every rank to run its layers equally often)
+        self.plain_forward = False
 
     # ---- loading / saving ------------------------------------------------------------
 
     @classmethod
-    def load(cls, model_dir: Path, cfg: TrainConfig, warm_start: Path | None = None) -> Policy:
+    def load(
+        cls,
+        model_dir: Path,
+        cfg: TrainConfig,
+        warm_start: Path | None = None,
+        dist: Dist = LOCAL,
+    ) -> Policy:
+        """The base with its adapter; with ``dist.on`` each rank loads the base on the CPU
+        and keeps its FSDP shard of each decoder layer on its device (trainer/dist.py)."""
         from peft import LoraConfig, PeftModel, get_peft_model
         from transformers import AutoModelForCausalLM
 
         device, dtype = pick_device()
         torch.manual_seed(cfg.seed)
-        base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device)
+        base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+        if dist.on:
+            device = dist.device()
+        else:
+            base = base.to(device)
         base.config.use_cache = False
         source = None
         if warm_start is not None and _compatible(warm_start, cfg):
@@ -95,7 +111,13 @@ class Policy:
                 task_type="CAUSAL_LM",
             )
             model = get_peft_model(base, lc)
-        return cls(model, device, source)
+        policy = cls(model, device, source)
+        if dist.on:
+            dist.shard(model, policy.params)
+            model.to(device)
+            dist.broadcast_(policy.params)  # one starting adapter, whatever each rank drew
+            policy.plain_forward = True
+        return policy
 
     def make_optimizer(self, cfg: TrainConfig, warm_start: Path | None) -> torch.optim.Optimizer:
         opt = torch.optim.AdamW(
@@ -134,6 +156,8 @@ class Policy:
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Logprobs as :meth:`batch_logprobs`, and (unless ``entropy_grad`` is None) the
         policy's entropy at each sampled position, with its gradient if ``entropy_grad``."""
+        if self.plain_forward:
+            return self._head(self.padded_hidden(batch, 0), batch.samples, entropy_grad)
         forward = self.shared_prompt_hidden if batch.shares_prompts else self.padded_hidden
         return self._head(forward(batch, batch.prefix), batch.samples, entropy_grad)
 

@@ -17,7 +17,9 @@ from tqdm.auto import tqdm
 
 from trainer.config import TrainConfig
 from trainer.data import Sample
+from trainer.dist import LOCAL, Dist, split_even
 from trainer.loss import ppo_loss, token_advantages
+from trainer.merge import chains
 from trainer.merge import units as merge_units
 from trainer.metrics import combine, finish
 from trainer.policy import MicroBatch, Policy, make_micro_batches
@@ -77,8 +79,50 @@ def forward_stats(
     }
 
 
+def _plain_cost(b: MicroBatch) -> int:
+    return len(b.rows) * max(r[-1].length for r in b.rows)
+
+
+def rank_logprobs(
+    policy: Policy, batches: list[MicroBatch], adapter: bool, dist: Dist = LOCAL
+) -> dict[str, torch.Tensor]:
+    """:meth:`Policy.logprobs` of ``batches``; with several ranks each forwards its share
+    (padded with the smallest batch to as many forwards as the busiest rank: FSDP's
+    gathers must pair up) and every rank gets all of them."""
+    if not dist.on:
+        return policy.logprobs(batches, adapter=adapter)
+    parts = split_even([_plain_cost(b) for b in batches], dist.world)
+    mine = [batches[i] for i in parts[dist.rank]]
+    if batches:
+        smallest = min(batches, key=_plain_cost)
+        mine += [smallest] * (max(map(len, parts)) - len(mine))
+    out: dict[str, torch.Tensor] = {}
+    for got in dist.gather({k: v.cpu() for k, v in policy.logprobs(mine, adapter).items()}):
+        out.update({k: v.to(policy.device) for k, v in got.items()})
+    return out
+
+
+def rank_micro_batches(
+    batch: list[Sample], cfg: TrainConfig, dist: Dist = LOCAL
+) -> tuple[list[MicroBatch], list[MicroBatch], int]:
+    """A step's micro-batches: all of them (every rank's, for the step's metrics), this
+    rank's, and how many each rank runs. With several ranks the minibatch's rows (a
+    sample, or a chain of merged turns) are dealt to the ranks by tokens, and each rank
+    packs its own micro-batches."""
+    budget, merge = cfg.micro_batch_tokens, cfg.merge_turns
+    if not dist.on:
+        micro = make_micro_batches(batch, budget, merge)
+        return micro, micro, len(micro)
+    rows = chains(batch) if merge else [[s] for s in batch]
+    parts = split_even([r[-1].length for r in rows], dist.world)
+    per_rank = [
+        make_micro_batches([s for i in part for s in rows[i]], budget, merge) for part in parts
+    ]
+    return [b for p in per_rank for b in p], per_rank[dist.rank], max(map(len, per_rank))
+
+
 def hint_teacher_logprobs(
-    policy: Policy, samples: list[Sample], cfg: TrainConfig
+    policy: Policy, samples: list[Sample], cfg: TrainConfig, dist: Dist = LOCAL
 ) -> dict[str, torch.Tensor]:
     """log pi_teacher(a_t | s + hint) of the sampled tokens of every sample with a hint
     (trainer/hints.py), by interaction id, before any step: the teacher is the base model
@@ -89,7 +133,7 @@ def hint_teacher_logprobs(
         return {}
     rows = [replace(s, prompt_ids=s.hinted_prompt, session_id="") for s in hinted]
     batches = make_micro_batches(rows, cfg.micro_batch_tokens, merge=False)
-    return policy.logprobs(batches, adapter=cfg.hint_teacher == "policy")
+    return rank_logprobs(policy, batches, cfg.hint_teacher == "policy", dist)
 
 
 def _hint_gap_mean(
@@ -114,6 +158,7 @@ def train(
     progress: bool = True,
     policy_version: int = 0,
     hint_gaps: dict[str, float] | None = None,
+    dist: Dist = LOCAL,
 ) -> list[dict[str, Any]]:
     """Run up to ``epochs * num_minibatches`` optimizer steps; returns per-step metrics.
 
@@ -139,6 +184,12 @@ def train(
     Samples with a hint (``hinted_prompt``, trainer/hints.py) get per-token advantages
     (trainer/loss.py ``token_advantages``) from a teacher pass before the first step;
     ``hint_gaps`` receives each one's mean clipped hint advantage (first epoch).
+
+    With ``dist`` (rank r of N, trainer/dist.py) every rank runs this same loop on the
+    same samples and config: the no-gradient passes and each step's micro-batches are
+    split between the ranks, the gradients summed, and the loss metrics gathered, so every
+    rank takes the same steps and returns the same metrics (accounting aside: a step's
+    ``micro_batches`` and forward tokens count every rank's).
     """
     dev = policy.device
     rng = random.Random(cfg.seed)
@@ -149,33 +200,39 @@ def train(
     rest = [s for s in samples if s.interaction_id not in first_ids]
     budget, merge = cfg.micro_batch_tokens, cfg.merge_turns
     prox_batches = make_micro_batches(rest, budget, merge)
-    prox = policy.logprobs(prox_batches, adapter=True)
+    prox = rank_logprobs(policy, prox_batches, True, dist)
     no_grad = forward_stats(prox_batches, rest, cfg)
     ref = None
     if cfg.kl_coef:
         ref_batches = make_micro_batches(samples, budget, merge)
-        ref = policy.logprobs(ref_batches, adapter=False)
+        ref = rank_logprobs(policy, ref_batches, False, dist)
         for k, v in forward_stats(ref_batches, samples, cfg).items():
             no_grad[k] += v
-    teacher = hint_teacher_logprobs(policy, samples, cfg)
+    teacher = hint_teacher_logprobs(policy, samples, cfg, dist)
     steps: list[dict[str, Any]] = []
     total = cfg.epochs * n_mb
-    bar = tqdm(total=total, desc="train", unit="step", file=sys.stderr, disable=not progress)
+    bar = tqdm(
+        total=total,
+        desc="train",
+        unit="step",
+        file=sys.stderr,
+        disable=not (progress and dist.main),
+    )
     policy.model.train()
     for epoch, batches in enumerate(epochs):
         for mb_index, batch in enumerate(batches):
             started = time.perf_counter()
-            micro = make_micro_batches(batch, budget, merge)
+            micro, mine, rounds = rank_micro_batches(batch, cfg, dist)
             num_tokens = float(sum(len(s.completion_ids) for s in batch))
             num_seqs = float(len(batch))
             opt.zero_grad(set_to_none=True)
-            loss_total = 0.0
-            agg: dict[str, float] = {}
-            seen_tokens = 0
-            for mb in micro:
+            losses: list[float] = []
+            ms: list[dict[str, float]] = []
+            first = epoch == 0 and mb_index == 0 and reuse_first
+            for mb in mine:
                 logps, ents = policy.batch_logprobs_entropy(mb, bool(cfg.entropy_coef))
                 ss = mb.samples
-                if epoch == 0 and mb_index == 0 and reuse_first:
+                if first:
                     for s, lp in zip(ss, logps, strict=True):
                         prox[s.interaction_id] = lp.detach().float()
                 mask = _pad([torch.ones(len(s.completion_ids), dtype=torch.bool) for s in ss])
@@ -211,9 +268,22 @@ def train(
                     num_seqs=num_seqs,
                 )
                 loss.backward()
-                loss_total += float(loss.detach())
+                losses.append(float(loss.detach()))
+                ms.append(m)
+            for _ in range(rounds - len(mine)):  # as many layer calls as the busiest rank
+                _idle_pass(policy, min(micro, key=_plain_cost))
+            if dist.on:
+                ids = [s.interaction_id for b in mine for s in b.samples] if first else []
+                own = {i: prox[i].cpu() for i in ids}  # the first step's proximal logprobs
+                got = dist.gather((losses, ms, own))
+                losses = [x for g in got for x in g[0]]
+                ms = [m for g in got for m in g[1]]
+                prox.update({k: v.to(dev) for g in got for k, v in g[2].items()})
+            loss_total = sum(losses)
+            agg: dict[str, float] = {}
+            for m in ms:
                 combine(agg, m)  # as trainer/metrics.py says per metric
-                seen_tokens += mb.tokens
+            seen_tokens = sum(mb.tokens for mb in micro)
             finish(agg, num_tokens)
             target = cfg.kl_prox_target
             if target is not None and steps and agg["kl_prox"] > target:
@@ -228,6 +298,7 @@ def train(
                     total,
                 )
                 break
+            dist.all_reduce_grads(policy.params)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.params, cfg.max_grad_norm))
             if cfg.step_delay_s:
                 time.sleep(cfg.step_delay_s)
@@ -286,4 +357,14 @@ def train(
             continue
         break  # the trust region stopped the run
     bar.close()
+    if dist.on and hint_gaps is not None:
+        for got in dist.gather(dict(hint_gaps)):
+            hint_gaps.update(got)
     return steps
+
+
+def _idle_pass(policy: Policy, mb: MicroBatch) -> None:
+    """A forward and backward that change nothing (its loss is weighted 0): a rank with
+    fewer micro-batches than another still runs every FSDP gather the others run."""
+    logps, _ = policy.batch_logprobs_entropy(mb, None)
+    (torch.stack([lp.sum() for lp in logps]).sum() * 0.0).backward()
