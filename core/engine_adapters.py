@@ -50,13 +50,6 @@ def weight_version(model_info: Any) -> str | None:
     return str(value) if value is not None else None
 
 
-def engine_version(server_info: Any) -> str | None:
-    """The engine's release from ``GET /get_server_info`` (SGLang: its version, e.g.
-    ``0.5.23``; the embedded engine: ``rlgate-embedded``)."""
-    value = server_info.get("version") if isinstance(server_info, dict) else None
-    return str(value) if value is not None else None
-
-
 def worker_urls(body: Any) -> list[str] | None:
     """The worker URLs of a router's listing (either shape), or None if it is neither."""
     if not isinstance(body, dict):

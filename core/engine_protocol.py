@@ -288,11 +288,6 @@ def read_output(out: Any, strict: bool = True) -> Output:
     return Output(ids=ids, logprobs=lps, top=top_logprobs(meta), text=text, **_finished(meta))
 
 
-def read_outputs(answer: Any) -> list[Output]:
-    """Every item of a ``/generate`` answer (an object for one prompt, else a list)."""
-    return [read_output(o) for o in (answer if isinstance(answer, list) else [answer])]
-
-
 DONE = object()  # the end of a stream
 
 

@@ -23,7 +23,7 @@ import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
 
-from sqlalchemy import false, func, or_, select
+from sqlalchemy import false, or_, select
 from sqlalchemy.orm import Session
 
 from core.serving_version import BASE, serving_version
@@ -118,19 +118,6 @@ def not_redacted():  # type: ignore[no-untyped-def]
 def fresh_versions(db: Session, project_id: str, max_staleness: int) -> list[str]:
     versions, serving = policy_versions(db, project_id)
     return [name for name, v in versions.items() if 0 <= serving - v <= max_staleness]
-
-
-def count_trainable(db: Session, project_id: str, max_staleness: int) -> int:
-    """Rated, unconsumed, not aborted, fresh enough (the threshold trigger's count)."""
-    names = fresh_versions(db, project_id, max_staleness)
-    return int(
-        db.scalar(
-            select(func.count())
-            .select_from(InteractionRow)
-            .where(*countable_where(project_id), InteractionRow.policy_version.in_(names))
-        )
-        or 0
-    )
 
 
 def select_samples(

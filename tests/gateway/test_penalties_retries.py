@@ -15,7 +15,8 @@ from sqlalchemy import update
 
 from schemas.tables import InteractionRow
 from tests.gateway.helpers import wait_recorded
-from trainer.data import count_trainable, select_samples
+from trainer.data import select_samples
+from trainer.triggers import count_signal
 
 Q = [{"role": "user", "content": "Say hello hello hello hello."}]
 
@@ -29,7 +30,7 @@ def _rate(stack, ids: list[str]) -> None:  # type: ignore[no-untyped-def]
 def _select(stack, project: str):  # type: ignore[no-untyped-def]
     with stack.factory() as db:
         sel = select_samples(db, project, max_staleness=10, max_samples=100, group_by_prompt=False)
-        return sel, count_trainable(db, project, 10)
+        return sel, count_signal(db, project, 10)
 
 
 def test_penalties_are_sent_recorded_and_not_trained(stack) -> None:  # type: ignore[no-untyped-def]

@@ -24,7 +24,8 @@ from gateway.redaction import MARKER, RedactionPolicy, Redactor
 from rlgate.cli import main
 from schemas.tables import InteractionRow, ProjectRow
 from tests.gateway.helpers import run_in_fresh_loop, wait_recorded
-from trainer.data import count_trainable, select_samples
+from trainer.data import select_samples
+from trainer.triggers import count_signal
 
 EMAIL = "jane.roe@example.org"
 PHONE = "+1 415 555 2671"
@@ -236,11 +237,11 @@ def test_gateway_redacts_before_storage_and_trainer_skips(stack):
             .values(reward=1.0)
         )
     with stack.factory() as db:
-        assert count_trainable(db, on, 10) == 0
+        assert count_signal(db, on, 10) == 0
         assert (
             select_samples(db, on, max_staleness=10, max_samples=10, group_by_prompt=False).samples
             == []
         )
-        assert count_trainable(db, off, 10) == 1
+        assert count_signal(db, off, 10) == 1
         sel = select_samples(db, off, max_staleness=10, max_samples=10, group_by_prompt=False)
         assert [s.interaction_id for s in sel.samples] == [ids[off]]

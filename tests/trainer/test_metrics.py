@@ -1,6 +1,6 @@
 """Each training metric is named once (trainer/metrics.py): the loss's metrics are exactly
-the table's, and the step combination, the run summary and the dashboard charts derive
-from it; the table (and the admin's door, trainer/api.py) import no torch."""
+the table's, and the step combination and the run summary derive from it; the table (and
+the admin's door, trainer/api.py) import no torch."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trainer.loss import LossConfig, ppo_loss
-from trainer.metrics import CHARTS, LOSS_METRICS, METRICS, SUMMARY_KEYS, combine, finish
+from trainer.metrics import LOSS_METRICS, METRICS, SUMMARY_KEYS, combine, finish
 from trainer.metrics import loss_metrics as named
 from trainer.runner import run_metrics
 
@@ -43,7 +43,6 @@ def test_step_combination_summary_and_charts_derive_from_the_table() -> None:
     for key in SUMMARY_KEYS:
         want = 0.375 if key == "hint_adv_mean" else agg[key]
         assert summary[key] == pytest.approx(want)
-    assert [name for name, _ in CHARTS] == [m.name for m in METRICS if m.chart]
     assert len({m.name for m in METRICS}) == len(METRICS)  # each named once
 
 

@@ -18,11 +18,12 @@ from schemas.atdp import Interaction
 from schemas.convert import to_record, to_row
 from schemas.tables import AuditEventRow, ConversationItemRow, ConversationRow, InteractionRow
 from tests.rows import T0, interaction, session
-from trainer.data import REDACTION_MARKER, count_trainable
+from trainer.data import REDACTION_MARKER
 from trainer.retention import (
     RetentionConfigError,
     purge_payloads,
 )
+from trainer.triggers import count_signal
 
 SECRET = "the-old-secret-payload"
 
@@ -62,7 +63,7 @@ def audits(factory, action: str = "retention.purge") -> list[AuditEventRow]:  # 
 def test_purges_old_payloads_in_batches_idempotently(migrated_db):
     seed(migrated_db, "p1", old=5, recent=2)
     with migrated_db() as db:
-        assert count_trainable(db, "p1", 10) == 7
+        assert count_signal(db, "p1", 10) == 7
     dry = purge_payloads(migrated_db, default_days=30, now=T0, dry_run=True)
     assert [(r.project_id, r.purged, r.dry_run) for r in dry] == [("p1", 5, True)]
     assert all(SECRET in r.output.text for r in rows(migrated_db, "p1").values())
@@ -81,7 +82,7 @@ def test_purges_old_payloads_in_batches_idempotently(migrated_db):
     with migrated_db() as db:
         raw = db.execute(text("SELECT request, output FROM interactions")).all()
         assert sum(SECRET in f"{r[0]} {r[1]}" for r in raw) == 2
-        assert count_trainable(db, "p1", 10) == 2  # purged records are never trained on
+        assert count_signal(db, "p1", 10) == 2  # purged records are never trained on
 
     (again,) = purge_payloads(migrated_db, default_days=30, now=T0)
     assert again.purged == 0
