@@ -71,9 +71,10 @@ def test_publish_reaches_only_the_named_workers(servers, allowed, caplog) -> Non
         urls, "p-policy-v1", "/adapters/p/live/p-policy-v1", settings.engine_headers
     )
     assert [(x.method, x.path, x.auth) for x in ours.seen] == [
-        ("POST", "/load_lora_adapter", f"Bearer {KEY}")
+        ("POST", "/load_lora_adapter", f"Bearer {KEY}"),
+        ("POST", "/generate", f"Bearer {KEY}"),  # the warm-up through the new adapter
     ]
-    assert theirs.seen == []  # no key, no adapter path
+    assert theirs.seen == []  # no key, no adapter path, no warm-up
 
 
 def test_no_list_means_no_router_worker(servers, caplog) -> None:  # type: ignore[no-untyped-def]
