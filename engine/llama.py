@@ -16,6 +16,7 @@ decode step reads the cache through plain slices, never a gather.
 from __future__ import annotations
 
 import json
+import mmap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,14 +90,28 @@ class LlamaConfig:
         }[name]
 
 
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor whose memory the OS provides as it is first written: an anonymous
+    mapping (``mmap``) reads as zeros and takes resident memory page by page, so a cache
+    sized for every slot at the full context costs what its sequences have written, not
+    what it could hold (``torch.zeros`` writes, hence touches, every byte up front)."""
+    n = 1
+    for d in shape:
+        n *= d
+    size = n * torch.empty((), dtype=dtype).element_size()
+    buf = mmap.mmap(-1, max(size, 1))
+    return torch.frombuffer(buf, dtype=dtype, count=n).view(shape)
+
+
 class KVCache:
-    """Keys and values of every slot: per layer a ``(slots, kv_heads, max_len, head_dim)``."""
+    """Keys and values of every slot: per layer a ``(slots, kv_heads, max_len, head_dim)``,
+    zeros (masked-out positions still enter the weighted sum, with weight 0) that take
+    memory as positions are written (``lazy_zeros``)."""
 
     def __init__(self, cfg: LlamaConfig, slots: int, max_len: int, dtype: torch.dtype) -> None:
         shape = (slots, cfg.num_kv_heads, max_len, cfg.head_dim)
-        # Zeros, not empty: masked-out positions still enter the weighted sum with weight 0.
-        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.num_layers)]
+        self.k = [lazy_zeros(shape, dtype) for _ in range(cfg.num_layers)]
+        self.v = [lazy_zeros(shape, dtype) for _ in range(cfg.num_layers)]
         self.slots = slots
         self.max_len = max_len
 
