@@ -1,5 +1,6 @@
-"""What the dashboard's pages show of issue #18 (credit, learning, the judge), on a real
-gateway process over SQLite and PostgreSQL, read as HTML through a logged-in cookie:
+"""What the dashboard's pages show of issue #18 (credit, learning, the judge), on the real
+gateway app (served in-process) over SQLite and PostgreSQL, read as HTML through a
+logged-in cookie:
 
 - the session page's credit table: per turn the reward, the level that decided it (with a
   session rating's discount), the origin of the ratings behind it, and a judge's model
@@ -37,8 +38,9 @@ from schemas.tables import (
     SessionRow,
     TrainingRunRow,
 )
+from tests.gateway.fake_engine import in_process_gateway
 from tests.rows import interaction
-from tests.servers import free_port, gateway
+from tests.servers import free_port
 
 ADMIN = "rlg_admin_credit_" + secrets.token_urlsafe(12)
 MODEL = "openai/gpt-4o-mini"
@@ -123,7 +125,9 @@ def client(db_url: str, tmp_path: Path) -> Iterator[httpx.Client]:
     closed_engine = f"http://127.0.0.1:{free_port()}"
     try:
         with (
-            gateway(tmp_path / "gw", db_url, closed_engine, admin_key=ADMIN, judges=JUDGES) as gw,
+            in_process_gateway(
+                tmp_path / "gw", db_url, closed_engine, admin_key=ADMIN, judges=JUDGES
+            ) as gw,
             httpx.Client(base_url=gw.url, follow_redirects=False, timeout=60) as c,
         ):
             pre = re.search(r'name="csrf" value="([^"]+)"', c.get("/admin/login").text)

@@ -1,6 +1,6 @@
-"""PUT /admin/api/projects/<p>/verifiers on a real gateway process (SQLite and
-PostgreSQL): a bad judge configuration (unknown mode, missing model, a rubric that is not
-a string, unknown keys) is a 400 whose message says what to fix, and nothing changes; a
+"""PUT /admin/api/projects/<p>/verifiers on the real gateway app, served in-process
+(SQLite and PostgreSQL): a bad judge configuration (unknown mode, missing model, a rubric
+that is not a string, unknown keys) is a 400 whose message says what to fix, and nothing changes; a
 good one is stored and GET shows the judge's budget and usage.
 
 No engine is needed for settings, so the gateway points at a closed port."""
@@ -21,8 +21,9 @@ from core.migrate import upgrade
 from schemas.coltypes import utcnow
 from schemas.convert import to_row
 from schemas.tables import AuditEventRow, FeedbackRow, JudgeCallRow, ProjectRow, SessionRow
+from tests.gateway.fake_engine import in_process_gateway
 from tests.rows import interaction
-from tests.servers import free_port, gateway
+from tests.servers import free_port
 
 URL = "/admin/api/projects/p1/verifiers"
 JUDGE = {"name": "judge", "judge": "mini", "mode": "group", "rubric": "Be right."}
@@ -48,7 +49,7 @@ def admin(db_url: str, tmp_path: Path) -> Iterator[tuple[httpx.Client, Any, str]
     closed_engine = f"http://127.0.0.1:{free_port()}"
     try:
         with (
-            gateway(tmp_path / "gw", db_url, closed_engine, judges=JUDGES) as gw,
+            in_process_gateway(tmp_path / "gw", db_url, closed_engine, judges=JUDGES) as gw,
             httpx.Client(
                 base_url=gw.url, headers={"Authorization": f"Bearer {key}"}, timeout=60
             ) as client,

@@ -1,6 +1,6 @@
-"""PATCH /admin/api/projects/<p>/training on a real gateway process (SQLite and
-PostgreSQL): a project admin key cannot store a setting that names code or exceeds the
-bounds; each refusal is a 400 whose message says what to fix, and nothing is stored.
+"""PATCH /admin/api/projects/<p>/training on the real gateway app, served in-process
+(SQLite and PostgreSQL): a project admin key cannot store a setting that names code or
+exceeds the bounds; each refusal is a 400 whose message says what to fix, and nothing is stored.
 
 No engine is needed for settings, so the gateway points at a closed port."""
 
@@ -19,7 +19,8 @@ from core.keys import create_key
 from core.migrate import upgrade
 from schemas.coltypes import utcnow
 from schemas.tables import AuditEventRow, ProjectRow
-from tests.servers import free_port, gateway
+from tests.gateway.fake_engine import in_process_gateway
+from tests.servers import free_port
 
 URL = "/admin/api/projects/p1/training"
 
@@ -38,7 +39,7 @@ def admin(db_url: str, tmp_path: Path) -> Iterator[tuple[httpx.Client, Any]]:
     closed_engine = f"http://127.0.0.1:{free_port()}"
     try:
         with (
-            gateway(tmp_path / "gw", db_url, closed_engine) as gw,
+            in_process_gateway(tmp_path / "gw", db_url, closed_engine) as gw,
             httpx.Client(
                 base_url=gw.url, headers={"Authorization": f"Bearer {key}"}, timeout=60
             ) as client,

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +34,9 @@ from starlette.routing import Route
 from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
 from core.migrate import upgrade
-from core.settings import Settings
+from core.settings import Settings, get_settings
 from gateway.app import create_app
-from tests.servers import free_port
+from tests.servers import MODEL_CACHE, free_port
 
 # "Hello there, how can I help?" + <|im_end|> in SmolLM2's vocabulary
 IDS = [19556, 665, 28, 638, 416, 339, 724, 47, 2]
@@ -193,6 +195,50 @@ def serving(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(60)
+
+
+@dataclass
+class InProcess:
+    """A gateway served from this process: its URL and its app."""
+
+    url: str
+    app: Any
+
+
+@contextmanager
+def in_process_gateway(
+    data_dir: Path, db_url: str, engine_url: str, **settings: str
+) -> Iterator[InProcess]:
+    """What ``tests.servers.gateway`` starts, without the process: the same settings, read
+    from the same ``RLGATE_*`` variables (so ``judges`` is the JSON an operator writes),
+    the gateway app served by uvicorn in a thread of the test process. For tests of
+    what the gateway answers, not of how its process starts, stops or dies; its start-up
+    costs about a second instead of a process's interpreter, imports and tokenizer load."""
+    env = {
+        "RLGATE_DATA_DIR": str(data_dir),
+        "RLGATE_DATABASE_URL": db_url,
+        "RLGATE_ENGINE_URLS": engine_url,
+        "RLGATE_TOKENIZER_PATH": str(MODEL_CACHE / "models" / "smollm2-135m-instruct"),
+        "RLGATE_LOG_LEVEL": "warning",
+        **{f"RLGATE_{k.upper()}": v for k, v in settings.items()},
+    }
+    data_dir.mkdir(parents=True, exist_ok=True)
+    # set while it serves: some code reads the process's settings (get_settings(): the
+    # operator's grants, trainer/verifiers.py), as it would in a gateway process
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    get_settings.cache_clear()
+    try:
+        app = create_app(Settings())
+        with serving(app) as url:
+            yield InProcess(url, app)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        get_settings.cache_clear()
 
 
 class FastStack:

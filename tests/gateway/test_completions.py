@@ -16,8 +16,8 @@ from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
 from core.migrate import upgrade
 from schemas.tables import InteractionRow
+from tests.gateway.fake_engine import in_process_gateway
 from tests.gateway.helpers import wait_recorded
-from tests.servers import gateway
 
 PROMPT = "The capital of France is"
 RAW = {"return_token_ids": True}
@@ -341,7 +341,7 @@ def test_an_engine_refusal_mid_batch_records_nothing(db_url, engine, tmp_path):
         _, secret = create_key(db, "batch", "agent")
     h = {"Authorization": f"Bearer {secret}"}
     body = {"prompt": ["Tell a long story.", "Write a poem."], "max_tokens": 200}
-    with gateway(
+    with in_process_gateway(
         tmp_path / "gw", db_url, engine.url, max_in_flight_per_engine="1", engine_queue_wait_s="0"
     ) as gw:
         for stream in (False, True):

@@ -9,7 +9,7 @@ import openai
 from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
 from core.migrate import upgrade
-from tests.servers import gateway
+from tests.gateway.fake_engine import in_process_gateway
 
 STORY = [{"role": "user", "content": "Write a long story about a dragon and a knight."}]
 
@@ -18,7 +18,7 @@ def test_default_max_tokens_caps_only_requests_without_a_limit(sqlite_url, tmp_p
     upgrade(sqlite_url)
     with transaction(session_factory(make_engine(sqlite_url))) as db:
         _, secret = create_key(db, "cap", "agent")
-    with gateway(tmp_path / "gw", sqlite_url, engine.url, default_max_tokens="5") as gw:
+    with in_process_gateway(tmp_path / "gw", sqlite_url, engine.url, default_max_tokens="5") as gw:
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key=secret, timeout=120)
         r = client.chat.completions.create(model="rlgate-policy", messages=STORY, temperature=0)
         assert r.usage.completion_tokens == 5

@@ -18,6 +18,7 @@ from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
 from core.migrate import upgrade
 from schemas.tables import InteractionRow
+from tests.gateway.fake_engine import in_process_gateway
 from tests.gateway.helpers import counts, wait_recorded
 from tests.servers import free_port, gateway
 
@@ -166,7 +167,7 @@ def test_client_disconnect_records_aborted(stack):
 def test_engine_down_is_503_and_records_nothing(sqlite_url, tmp_path, engine, stream):
     factory, secret = _setup_db(sqlite_url)
     dead = f"http://127.0.0.1:{free_port()}"
-    with gateway(tmp_path / "gw", sqlite_url, dead) as gw:
+    with in_process_gateway(tmp_path / "gw", sqlite_url, dead) as gw:
         r = httpx.post(
             gw.url + "/v1/chat/completions",
             timeout=60,
@@ -181,7 +182,7 @@ def test_engine_down_is_503_and_records_nothing(sqlite_url, tmp_path, engine, st
 def test_failover_to_a_live_engine(sqlite_url, tmp_path, engine):
     factory, secret = _setup_db(sqlite_url)
     dead = f"http://127.0.0.1:{free_port()}"
-    with gateway(tmp_path / "gw", sqlite_url, f"{dead},{engine.url}") as gw:
+    with in_process_gateway(tmp_path / "gw", sqlite_url, f"{dead},{engine.url}") as gw:
         for i in range(3):
             r = httpx.post(
                 gw.url + "/v1/chat/completions",
@@ -196,7 +197,7 @@ def test_saturated_engine_is_429_with_retry_after(sqlite_url, tmp_path, engine):
     factory, secret = _setup_db(sqlite_url)
     h = {"Authorization": f"Bearer {secret}"}
     with (
-        gateway(
+        in_process_gateway(
             tmp_path / "gw",
             sqlite_url,
             engine.url,

@@ -16,7 +16,7 @@ from core.live_adapters import drop_live, make_live
 from core.migrate import upgrade
 from schemas.coltypes import utcnow
 from schemas.tables import PolicyVersionRow
-from tests.servers import gateway
+from tests.gateway.fake_engine import in_process_gateway
 
 PROJECT = "swap"
 MSG = [{"role": "user", "content": "Say hi."}]
@@ -66,7 +66,7 @@ def test_request_meets_an_unloaded_adapter_and_retries_on_the_new_one(
                 )
             )
     # a long serving cache: the gateway surely still holds v1 when it is gone
-    with gateway(tmp_path / "gw", sqlite_url, engine.url, serving_cache_s="300") as gw:
+    with in_process_gateway(tmp_path / "gw", sqlite_url, engine.url, serving_cache_s="300") as gw:
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0)
         raw = client.chat.completions.with_raw_response.create(
             model="rlgate-policy", messages=MSG, max_tokens=3, temperature=0
