@@ -83,6 +83,28 @@ class EngineHTTP:
     def weight_version(self) -> str | None:
         return engine_adapters.weight_version(self.get(proto.MODEL_INFO))
 
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        """The JSON of ``POST path``; :class:`proto.EngineRefused` unless 200."""
+        r = self.client.post(self.url + path, json=body)
+        if r.status_code != 200:
+            raise proto.EngineRefused(r.status_code, proto.error_message(r.content))
+        return self._json(r)
+
+    def release_memory(self) -> None:
+        """Pause generation, then give the GPU memory up (SGLang with
+        ``--enable-memory-saver``); on a refusal, generation continues and it raises."""
+        self.post(proto.PAUSE, proto.pause_body())
+        try:
+            self.post(proto.RELEASE_MEMORY, proto.memory_body())
+        except Exception:
+            self.post(proto.CONTINUE, proto.continue_body())
+            raise
+
+    def resume_memory(self) -> None:
+        """Take the GPU memory back, then continue generating (the waiting requests run)."""
+        self.post(proto.RESUME_MEMORY, proto.memory_body())
+        self.post(proto.CONTINUE, proto.continue_body())
+
 
 def router_workers(router_url: str, headers: dict[str, str], timeout: float = 10.0) -> list[str]:
     """Every worker an sglang-router lists; :class:`RouterError` if it cannot say."""

@@ -41,6 +41,12 @@ MODELS = "/v1/models"
 MODEL_INFO = "/get_model_info"
 SERVER_INFO = "/get_server_info"
 HEALTH = "/health"
+# a GPU shared with training (trainer/shared_gpu.py): SGLang's RL hooks; the memory ones
+# need ``--enable-memory-saver`` and an idle engine (hence the pause first)
+PAUSE = "/pause_generation"
+CONTINUE = "/continue_generation"
+RELEASE_MEMORY = "/release_memory_occupation"
+RESUME_MEMORY = "/resume_memory_occupation"
 
 
 class EngineRefused(Exception):
@@ -185,6 +191,22 @@ def unload_body(name: str) -> dict[str, Any]:
 
 def abort_body(rid: str) -> dict[str, Any]:
     return {"rid": rid}
+
+
+def pause_body() -> dict[str, Any]:
+    """Stop generating; running requests go back to the waiting queue (their KV cache is
+    recomputed after the continue), new ones wait there too."""
+    return {"mode": "retract"}
+
+
+def continue_body() -> dict[str, Any]:
+    return {}
+
+
+def memory_body() -> dict[str, Any]:
+    """Release or resume every kind of GPU memory (no ``tags``: weights, KV cache and CUDA
+    graphs)."""
+    return {}
 
 
 def encode(body: dict[str, Any]) -> bytes:

@@ -151,6 +151,30 @@ class Settings(BaseSettings):
     train_tick_s: float = Field(
         60.0, gt=0, description="Trainer beat interval (schedule, threshold, retries)."
     )
+    train_processes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Processes per training run. Above 1 the worker starts the run under "
+        "torchrun on this machine: FSDP2 shards the frozen base's decoder layers across "
+        "the processes, each forwards its share of every step, rank 0 saves and the worker "
+        "publishes (docs/scaling.md). With CUDA, one GPU per process.",
+    )
+    train_backend: str = Field(
+        "auto",
+        pattern="^(auto|gloo|nccl)$",
+        description="torch.distributed backend of a multi-process run: nccl, gloo, or auto "
+        "(nccl when every process has a GPU of its own, else gloo).",
+    )
+    train_shared_gpu_engines: str = Field(
+        "",
+        description="Engines (comma-separated URLs, each one of the engines adapters are "
+        "loaded into) that share a GPU with this worker's training runs. Before a run loads "
+        "the base, each is paused and releases its GPU memory (SGLang "
+        "/release_memory_occupation: needs --enable-memory-saver); after training it takes "
+        "the memory back and continues, then the run publishes. Meanwhile its requests "
+        "wait (docs/engine.md).",
+    )
     reasoning_parser: bool = Field(False, description="Split <think>...</think> into reasoning.")
     serving_cache_s: float = Field(
         0.5, ge=0, description="How long the gateway caches which adapter serves a project."
@@ -493,6 +517,11 @@ class Settings(BaseSettings):
     @property
     def engine_url_list(self) -> list[str]:
         return [u.strip().rstrip("/") for u in self.engine_urls.split(",") if u.strip()]
+
+    @property
+    def train_shared_gpu_engine_list(self) -> list[str]:
+        urls = self.train_shared_gpu_engines.split(",")
+        return [u.strip().rstrip("/") for u in urls if u.strip()]
 
     @property
     def engine_router_worker_list(self) -> list[str]:

@@ -5,6 +5,7 @@
 #
 #   scripts/device_check.sh [--cpu-only] [--tiny] [--json FILE]   run the check
 #   scripts/device_check.sh --sglang                               real SGLang on the GPU
+#   scripts/device_check.sh --scale [--dry]                        training beyond one device
 #   scripts/device_check.sh --fetch-wheels                         (once, with network)
 #
 # --sglang (scripts/device_check_sglang.py) starts the GPU machine's SGLang
@@ -12,6 +13,12 @@
 # model of the packaged model's architecture and tokenizer (.device-tokenizer/), and runs
 # the engine contract's SGLang half against it, in under 10 minutes. Carry .device-wheels
 # and .device-tokenizer. Not yet run on a GPU (none was lent when it was written).
+#
+# --scale (scripts/device_check_scale.py): a 2-process FSDP2 run (torchrun) against one
+# process, real SGLang with LoRA and --enable-memory-saver, its memory released around a
+# run on the same GPU and resumed, the run's adapter published into it and the next call
+# served by it; each step's time and memory; under 10 minutes. --dry runs the same steps on
+# the CPU with the tiny model and the embedded engine (no release), as CI can.
 #
 # Without a GPU (or with --cpu-only) it compares CPU bfloat16 with CPU float32 through the
 # same code. Python: .venv/bin/python when present, else python3. The trainer's modules
@@ -73,5 +80,9 @@ fi
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 if [ "${1:-}" = --sglang ]; then
   exec "$PY" scripts/device_check_sglang.py
+fi
+if [ "${1:-}" = --scale ]; then
+  shift
+  exec "$PY" scripts/device_check_scale.py "$@"
 fi
 exec "$PY" scripts/device_check.py "$@"

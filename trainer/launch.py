@@ -5,8 +5,9 @@ version row out) and its optimization: it loads the policy, trains it (trainer/t
 and saves the adapter and its optimizer state into ``inputs.out_dir``. With
 ``processes > 1`` it writes the run's inputs into a work directory, starts
 ``python -m torch.distributed.run --standalone --nproc-per-node N -m trainer.launch DIR``
-and waits: each rank joins the process group (trainer/dist.py), loads the base with its
-FSDP shard of every decoder layer, and runs the same loop on its share of every step.
+(through ``trainer.launch --exec``: torchrun, and its ranks, die with this process) and
+waits: each rank joins the process group (trainer/dist.py), loads the base with its FSDP
+shard of every decoder layer, and runs the same loop on its share of every step.
 Rank 0 alone writes: each step's metrics as they come (``steps.jsonl``, which this
 process relays to ``on_step``: the run's heartbeat), then the adapter into ``out_dir``,
 then ``result.json``. The outcome is what one process would return.
@@ -20,6 +21,7 @@ hold the samples' token ids), and keeps the logs in the work directory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -40,6 +42,7 @@ from trainer.data import Sample
 log = logging.getLogger("rlgate.trainer")
 
 INPUTS, STEPS, RESULT, LAUNCH_LOG = "inputs.pkl", "steps.jsonl", "result.json", "torchrun.log"
+EXEC = "--exec"
 BACKENDS = ("auto", "gloo", "nccl")
 
 
@@ -63,6 +66,7 @@ class Fit:
     steps: list[dict[str, Any]]
     warm_started_from: str | None
     hint_gaps: dict[str, float]
+    peak_memory_bytes: int = 0  # rank 0's: the GPU's peak allocation, else the peak RSS
 
 
 def fit(
@@ -113,7 +117,17 @@ def _fit_here(
     )
     if dist.main:
         policy.save(Path(inputs.out_dir), opt, inputs.extra)
-    return Fit(steps, policy.warm_started_from, gaps)
+    return Fit(steps, policy.warm_started_from, gaps, _peak_memory(policy.device))
+
+
+def _peak_memory(device: Any) -> int:
+    import resource
+
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 # ---- the parent: start torchrun, relay steps, read the result back ---------------------
@@ -135,6 +149,10 @@ def _fit_torchrun(
     with open(work_dir / INPUTS, "wb") as f:
         pickle.dump((inputs, backend), f)
     cmd = [
+        sys.executable,
+        "-m",
+        "trainer.launch",
+        EXEC,  # torchrun, killed with this process (and the ranks with torchrun)
         sys.executable,
         "-m",
         "torch.distributed.run",
@@ -176,7 +194,9 @@ def _fit_torchrun(
         )
     data = json.loads(result.read_text())
     shutil.rmtree(work_dir, ignore_errors=True)
-    return Fit(data["steps"], data["warm_started_from"], data["hint_gaps"])
+    return Fit(
+        data["steps"], data["warm_started_from"], data["hint_gaps"], data["peak_memory_bytes"]
+    )
 
 
 def _relay_steps(path: Path, seen: int, on_step: Callable[[dict[str, Any]], None] | None) -> int:
@@ -212,6 +232,7 @@ def _rank_main(work_dir: Path) -> None:
     from trainer.dist import Dist
 
     rank = int(os.environ["RANK"])
+    _die_with_parent()
     fd = os.open(work_dir / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)  # everything the rank prints, its traceback included, goes to its log
     os.dup2(fd, 2)
@@ -251,5 +272,18 @@ def _backend(backend: str, local_world: int) -> str:
     )
 
 
+def _die_with_parent() -> None:
+    """Be killed when the parent process dies (Linux; elsewhere nothing): a worker killed
+    mid-run takes its torchrun with it, and torchrun its ranks, so no orphan keeps the
+    GPU (the run itself is failed by the next claimer's takeover, trainer/runs.py)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == EXEC:
+        _die_with_parent()  # kept across exec
+        os.execv(sys.argv[2], sys.argv[2:])
     _rank_main(Path(sys.argv[1]))

@@ -177,8 +177,9 @@ def _train_and_commit(
     tracking: Tracking | None = None,
 ) -> dict[str, Any]:
     from engine.model_files import resolve_model_dir
-    from trainer.policy import Policy, lora_config_dict
-    from trainer.train import train
+    from trainer.launch import FitInputs, fit
+    from trainer.policy import lora_config_dict
+    from trainer.shared_gpu import engines_released
 
     with factory() as db:
         project = db.get(ProjectRow, project_id)
@@ -251,19 +252,30 @@ def _train_and_commit(
         log.warning("serving adapter %s is missing on disk: fresh adapter", warm)
         warm = None
     hints = place_hints(factory, settings, model_dir, kept, cfg, data_stats)
-    policy = Policy.load(model_dir, cfg, warm)
-    opt = policy.make_optimizer(cfg, warm)
-    hint_gaps: dict[str, float] = {}
-    steps = train(
-        policy,
-        opt,
-        kept,
-        cfg,
-        progress=progress,
-        on_step=lambda m: _on_step(factory, run_id, m, tracking),
-        policy_version=serving.version if (serving and policy.warm_started_from) else 0,
-        hint_gaps=hint_gaps,
-    )
+    name = adapter_name(project_id, next_version)
+    out = Path(settings.effective_adapter_dir) / project_id / name
+    tmp = out.with_name(f".{name}.{run_id}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    with engines_released(settings):  # a GPU shared with serving (trainer/shared_gpu.py)
+        done = fit(
+            FitInputs(
+                str(model_dir),
+                cfg,
+                kept,
+                str(tmp),
+                str(warm) if warm else None,
+                serving.version if (serving and warm) else 0,
+                {"run_id": run_id, "version": next_version, "name": name},
+            ),
+            processes=settings.train_processes,
+            backend=settings.train_backend,
+            work_dir=Path(settings.data_dir) / "train-runs" / run_id,
+            on_step=lambda m: _on_step(factory, run_id, m, tracking),
+            progress=progress,
+        )
+    steps, hint_gaps = done.steps, done.hint_gaps
+    data_stats["processes"] = settings.train_processes
     data_stats["run_metrics"] = run_metrics(steps, data_stats["zero_variance_share"])
     hint_rows = [
         RunHintRow(
@@ -280,12 +292,6 @@ def _train_and_commit(
         for h in hints
     ]
 
-    name = adapter_name(project_id, next_version)
-    out = Path(settings.effective_adapter_dir) / project_id / name
-    tmp = out.with_name(f".{name}.{run_id}.tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    policy.save(tmp, opt, {"run_id": run_id, "version": next_version, "name": name})
     if out.exists():  # left by a run that crashed before its commit
         shutil.rmtree(out)
     tmp.rename(out)
@@ -297,7 +303,7 @@ def _train_and_commit(
         parent_name=serving.name if serving else None,
         base_model=settings.model_path,
         path=str(out.resolve()),
-        lora_config={**lora_config_dict(cfg), "warm_start": policy.warm_started_from},
+        lora_config={**lora_config_dict(cfg), "warm_start": done.warm_started_from},
         created_by_run_id=run_id,
         status=PolicyStatus.candidate,
         created_at=utcnow(),

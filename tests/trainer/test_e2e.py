@@ -298,12 +298,18 @@ def test_engine_refusal_leaves_run_trained_not_published_then_retry(
     assert again["status"] == "cancelled"
 
 
+@pytest.mark.parametrize("processes", [1, 2])
 def test_gateway_rate_train_serve_loop(
-    engine_url: str, pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    engine_url: str,
+    pg_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    processes: int,
 ) -> None:
     """The product loop on real parts: calls through the gateway (PostgreSQL recording),
     ratings through POST /feedback, a run on a real Celery worker (Redis), and the next
-    gateway response is served by, and recorded with, the new adapter."""
+    gateway response is served by, and recorded with, the new adapter. With 2 processes
+    the worker runs it under torchrun (gloo, FSDP2; trainer/launch.py)."""
     import openai
 
     from tests.servers import gateway
@@ -313,7 +319,14 @@ def test_gateway_rate_train_serve_loop(
     upgrade(pg_url)
     factory = session_factory(make_engine(pg_url))
     queue = f"rlgate-test-{secrets.token_hex(4)}"
-    env = _env(tmp_path, pg_url, engine_url, RLGATE_BROKER_URL="redis://127.0.0.1:6379/0")
+    env = _env(
+        tmp_path,
+        pg_url,
+        engine_url,
+        RLGATE_BROKER_URL="redis://127.0.0.1:6379/0",
+        RLGATE_TRAIN_PROCESSES=str(processes),
+        RLGATE_TRAIN_BACKEND="gloo",
+    )
     settings = _use_env(monkeypatch, env)
     pid = make_project(factory, TRAINING)
     from core.db import transaction
@@ -354,6 +367,11 @@ def test_gateway_rate_train_serve_loop(
             assert run.status == "published", (run.error, worker.log.read_text()[-3000:])
         finally:
             worker.stop()
+        assert run.config["data_stats"]["processes"] == processes
+        assert len(run.step_metrics) == TRAINING["num_minibatches"]
+        assert not (tmp_path / "data" / "train-runs").exists() or not any(
+            (tmp_path / "data" / "train-runs").iterdir()
+        )  # a run that worked leaves no work directory
         with factory() as db:
             name = db.get(PolicyVersionRow, run.policy_version_id).name
             consumed = db.scalars(
