@@ -71,6 +71,14 @@ def _parse_lora_paths(values: tuple[str, ...]) -> dict[str, str]:
     default=None,
     help="Per-sequence token limit (default: min(model's, 4096)).",
 )
+@click.option(
+    "--max-memory-gb",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Refuse to start unless the worst case fits in this many GB: the weights, the KV "
+    "cache of every slot at the full context, and --max-loaded-loras adapters at "
+    "--max-lora-rank (engine/memory.py; the message says what fits). Default: no bound.",
+)
 @click.option("--served-model-name", default=None, help="Name in /v1/models (default: --model).")
 @click.option("--lora-paths", multiple=True, help="NAME=PATH adapters to load at start.")
 @click.option("--num-threads", type=int, default=None, help="Torch threads (default: all cores).")
@@ -114,6 +122,7 @@ def engine_command(
     max_loaded_loras: int,
     max_running_requests: int,
     context_length: int | None,
+    max_memory_gb: float | None,
     served_model_name: str | None,
     lora_paths: tuple[str, ...],
     num_threads: int | None,
@@ -125,6 +134,7 @@ def engine_command(
 ) -> None:
     """Serve the embedded CPU engine (SGLang native protocol subset)."""
     from core.settings import get_settings
+    from engine.memory import MemoryBoundError
     from engine.server import EngineConfig, serve
 
     settings = get_settings()
@@ -144,25 +154,29 @@ def engine_command(
             "the port can generate, load adapters and abort requests",
             err=True,
         )
-    serve(
-        EngineConfig(
-            model_path=model_path or settings.model_path,
-            data_dir=data_dir or settings.data_dir,
-            host=host,
-            port=port or settings.engine_port,
-            dtype=dtype,
-            max_lora_rank=max_lora_rank,
-            lora_target_modules=_split_modules(lora_target_modules),
-            max_loaded_loras=max_loaded_loras,
-            max_running_requests=max_running_requests,
-            context_length=context_length,
-            served_model_name=served_model_name,
-            log_level=log_level or settings.log_level,
-            num_threads=num_threads,
-            lora_paths=_parse_lora_paths(lora_paths),
-            prefix_reuse=not disable_prefix_reuse,
-            prefix_cache_slots=prefix_cache_slots,
-            api_key=api_key,
-            allowed_lora_dir=allowed_lora_dir,
+    try:
+        serve(
+            EngineConfig(
+                model_path=model_path or settings.model_path,
+                data_dir=data_dir or settings.data_dir,
+                host=host,
+                port=port or settings.engine_port,
+                dtype=dtype,
+                max_lora_rank=max_lora_rank,
+                lora_target_modules=_split_modules(lora_target_modules),
+                max_loaded_loras=max_loaded_loras,
+                max_running_requests=max_running_requests,
+                context_length=context_length,
+                served_model_name=served_model_name,
+                log_level=log_level or settings.log_level,
+                num_threads=num_threads,
+                lora_paths=_parse_lora_paths(lora_paths),
+                prefix_reuse=not disable_prefix_reuse,
+                prefix_cache_slots=prefix_cache_slots,
+                api_key=api_key,
+                allowed_lora_dir=allowed_lora_dir,
+                max_memory_gb=max_memory_gb,
+            )
         )
-    )
+    except MemoryBoundError as e:
+        raise click.ClickException(str(e)) from None

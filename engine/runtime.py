@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
+from engine import memory
 from engine import scheduler as sched
 from engine.grammar import GrammarCompiler, GrammarError
-from engine.llama import LlamaModel
+from engine.llama import LlamaConfig, LlamaModel
 from engine.lora import (
     DEFAULT_TARGET_MODULES,
     AdapterError,
@@ -52,6 +53,9 @@ class EngineConfig:
     prefix_cache_slots: int = 4
     api_key: str | None = None  # --api-key: required as "Authorization: Bearer <key>"
     allowed_lora_dir: Path | None = None  # --allowed-lora-dir: adapters only from under it
+    max_memory_gb: float | None = (
+        None  # --max-memory-gb: the worst case must fit (engine/memory.py)
+    )
 
 
 class Engine:
@@ -65,6 +69,22 @@ class Engine:
             torch.set_num_threads(config.num_threads)
         self.model_dir = resolve_model_dir(config.model_path, Path(config.data_dir))
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
+        model_cfg = LlamaConfig.from_dir(self.model_dir)
+        self.context_length = config.context_length or min(
+            model_cfg.max_position_embeddings, DEFAULT_CONTEXT_LENGTH
+        )
+        self.allowed_modules = frozenset(config.lora_target_modules)
+        spare = config.prefix_cache_slots if config.prefix_reuse else 0
+        self.memory = memory.plan(
+            model_cfg,
+            dtype,
+            slots=config.max_running_requests + spare,
+            context=self.context_length,
+            max_rank=config.max_lora_rank,
+            max_adapters=config.max_loaded_loras,
+            modules=self.allowed_modules,
+        )
+        self.memory.check(config.max_memory_gb, spare)  # before anything is allocated
         self.model = LlamaModel(self.model_dir, dtype=dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         self.grammars = GrammarCompiler(self.tokenizer, self.model.cfg.vocab_size)
@@ -76,12 +96,7 @@ class Engine:
             ids = gen.eos_token_id
             eos.update([ids] if isinstance(ids, int) else list(ids or []))
         self.eos_token_ids = eos
-        cfg = self.model.cfg
-        self.context_length = config.context_length or min(
-            cfg.max_position_embeddings, DEFAULT_CONTEXT_LENGTH
-        )
         self.served_model_name = config.served_model_name or config.model_path
-        self.allowed_modules = frozenset(config.lora_target_modules)
         self.registry = AdapterRegistry(config.max_loaded_loras)
         # every adapter ever loaded: name -> (path, pinned), as SGLang's lora_ref_cache,
         # to re-load it on demand when a request names it after its unload
