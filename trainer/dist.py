@@ -119,8 +119,12 @@ class Dist:
         dev = self.device()
         mesh = init_device_mesh(dev.type, (self.world,))
         ignored = set(lora_params)
+        # each layer is a root of its own (nothing above it is sharded: the embeddings,
+        # the final norm and the LM head stay whole), and a root keeps its gathered
+        # weights after the forward unless told otherwise: the whole base would then be
+        # gathered on every rank
         for layer in model.get_base_model().get_decoder().layers:
-            fully_shard(layer, mesh=mesh, ignored_params=ignored)
+            fully_shard(layer, mesh=mesh, ignored_params=ignored, reshard_after_forward=True)
 
 
 LOCAL = Dist()

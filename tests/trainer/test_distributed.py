@@ -161,3 +161,34 @@ def test_a_killed_rank_fails_the_run_and_leaves_no_adapter(tmp_path: Path) -> No
     assert "torchrun.log" in str(err.value)
     assert not (work / "inputs.pkl").exists()  # the samples' tokens do not stay behind
     assert (work / "rank0.log").is_file() and (work / "rank1.log").is_file()
+
+
+def test_each_step_deals_its_rows_to_the_ranks_by_tokens() -> None:
+    """Pure bookkeeping, no process group: every rank computes every rank's share."""
+    from trainer.dist import Dist, split_even
+    from trainer.train import rank_micro_batches
+
+    assert split_even([5, 1, 1, 1, 4], 2) == [[0, 2], [1, 3, 4]]  # loads 6 and 6
+    assert split_even([3], 2) == [[0], []]
+    batch = _samples()
+    cfg = _cfg()
+    shares = [rank_micro_batches(batch, cfg, Dist(r, 2)) for r in range(2)]
+    everything, _, rounds = shares[0]
+    assert [b.samples for b in everything] == [b.samples for b in shares[1][0]]
+    mine = [[s.interaction_id for b in share[1] for s in b.samples] for share in shares]
+    assert sorted(mine[0] + mine[1]) == sorted(s.interaction_id for s in batch)
+    assert not set(mine[0]) & set(mine[1])
+    assert rounds == max(len(share[1]) for share in shares) == shares[1][2]
+    one, mine_one, rounds_one = rank_micro_batches(batch, cfg)
+    assert mine_one is one and rounds_one == len(one)  # one process: as before
+
+
+def test_the_failure_log_is_the_failed_ranks(tmp_path: Path) -> None:
+    from trainer.launch import failure_log
+
+    (tmp_path / "rank0.log").write_text("step 1\nstep 2\nRuntimeError: gloo connection closed\n")
+    (tmp_path / "rank1.log").write_text("step 1\nTraceback (most recent call last):\nOOM\n")
+    (tmp_path / "torchrun.log").write_text("ChildFailedError: rank 1 exited with 1\n")
+    text = failure_log(tmp_path)
+    assert "--- rank1.log" in text and "OOM" in text and "rank0.log" not in text
+    assert "ChildFailedError" in text
