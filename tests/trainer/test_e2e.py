@@ -298,18 +298,19 @@ def test_engine_refusal_leaves_run_trained_not_published_then_retry(
     assert again["status"] == "cancelled"
 
 
-@pytest.mark.parametrize("processes", [1, 2])
 def test_gateway_rate_train_serve_loop(
     engine_url: str,
     pg_url: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    processes: int,
 ) -> None:
     """The product loop on real parts: calls through the gateway (PostgreSQL recording),
     ratings through POST /feedback, a run on a real Celery worker (Redis), and the next
-    gateway response is served by, and recorded with, the new adapter. With 2 processes
-    the worker runs it under torchrun (gloo, FSDP2; trainer/launch.py)."""
+    gateway response is served by, and recorded with, the new adapter. The worker runs it
+    on 2 processes under torchrun (gloo, FSDP2; trainer/launch.py); the same loop on one
+    process runs on SGLang (tests/trainer/test_e2e_sglang.py), and the one-process worker
+    here in test_worker_trains_publishes_survives_sigkill_and_rolls_back."""
+    processes = 2
     import openai
 
     from tests.servers import gateway
