@@ -28,7 +28,7 @@ from core.settings import Settings
 from schemas.tables import InteractionRow, PolicyVersionRow
 from tests.engine.conftest import Target
 from tests.faults.helpers import setup_db, wait_rows
-from tests.servers import gateway
+from tests.gateway.fake_engine import in_process_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -106,8 +106,10 @@ def test_retired_versions_never_serve(target: Target, sqlite_url, tmp_path, adap
     engine = EngineHTTP(target.url, target.headers, 120)
     kw = {"engine_api_key": target.api_key or ""}
     with (
-        gateway(tmp_path / "gw-a", sqlite_url, target.url, **kw) as fresh,
-        gateway(tmp_path / "gw-b", sqlite_url, target.url, serving_cache_s="3600", **kw) as stale,
+        in_process_gateway(tmp_path / "gw-a", sqlite_url, target.url, **kw) as fresh,
+        in_process_gateway(
+            tmp_path / "gw-b", sqlite_url, target.url, serving_cache_s="3600", **kw
+        ) as stale,
         httpx.Client(timeout=120) as c,
     ):
         assert _chat(c, stale.url, key, "Hi.")[0] == name1  # the stale gateway caches v1
@@ -194,7 +196,7 @@ def test_seed_through_the_gateway(target: Target, sqlite_url, tmp_path) -> None:
         "n": 2,
     }
     with (
-        gateway(tmp_path / "gw", sqlite_url, target.url, **kw) as gw,
+        in_process_gateway(tmp_path / "gw", sqlite_url, target.url, **kw) as gw,
         httpx.Client(timeout=120) as c,
     ):
         answers = []

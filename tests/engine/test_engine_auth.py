@@ -20,7 +20,8 @@ import pytest
 from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
 from core.migrate import upgrade
-from tests.servers import Proc, engine_cmd, free_port, gateway, running
+from tests.gateway.fake_engine import in_process_gateway
+from tests.servers import Proc, engine_cmd, free_port, running
 from trainer import publish
 
 KEY = secrets.token_urlsafe(24)
@@ -222,7 +223,7 @@ def test_gateway_sends_the_key(keyed: Proc, tmp_path: Path) -> None:
         _, secret = create_key(db, "p1", "agent")
     chat = {"model": "rlgate-policy", "messages": [{"role": "user", "content": "Hi"}]}
     bearer = {"Authorization": f"Bearer {secret}"}
-    with gateway(tmp_path / "gw", db_url, keyed.url, engine_api_key=KEY) as gw:
+    with in_process_gateway(tmp_path / "gw", db_url, keyed.url, engine_api_key=KEY) as gw:
         url = gw.url + "/v1/chat/completions"
         r = httpx.post(url, json={**chat, "max_tokens": 3, "seed": 7}, headers=bearer, timeout=120)
         assert r.status_code == 200, r.text
@@ -233,7 +234,7 @@ def test_gateway_sends_the_key(keyed: Proc, tmp_path: Path) -> None:
             err = bad.json()["error"]
             assert err["type"] == "invalid_request_error" and err["param"] == "seed"
             assert "64-bit signed integer" in err["message"]
-    with gateway(tmp_path / "gw2", db_url, keyed.url) as gw:
+    with in_process_gateway(tmp_path / "gw2", db_url, keyed.url) as gw:
         r = httpx.post(gw.url + "/v1/chat/completions", json=chat, headers=bearer, timeout=120)
         assert r.status_code == 503, r.text
         assert "RLGATE_ENGINE_API_KEY" in r.json()["error"]["message"]

@@ -24,8 +24,8 @@ from core.migrate import upgrade
 from gateway.templating import load_tokenizer
 from schemas.tables import InteractionRow
 from tests.gateway.conftest import Stack
+from tests.gateway.fake_engine import in_process_gateway
 from tests.gateway.helpers import wait_recorded
-from tests.servers import gateway
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -44,7 +44,7 @@ def gw(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory)
         engine = request.getfixturevalue("sglang")
         settings["engine_api_key"] = engine.api_key
     db_engine = make_engine(db_url)
-    with gateway(data_dir, db_url, engine.url, **settings) as proc:
+    with in_process_gateway(data_dir, db_url, engine.url, **settings) as proc:
         yield Stack(proc, engine, db_url, session_factory(db_engine), data_dir)
     db_engine.dispose()
 

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
 from core.migrate import upgrade
-from tests.servers import gateway
+from tests.gateway.fake_engine import in_process_gateway
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -27,7 +27,9 @@ def test_echo_with_logprobs_on_sglang(sglang, sqlite_url, tmp_path, model_dir): 
     n = len(AutoTokenizer.from_pretrained(str(model_dir)).encode(PROMPT))
     body = {"prompt": PROMPT, "max_tokens": 2, "temperature": 0, "echo": True, "logprobs": 1}
     h = {"Authorization": f"Bearer {key}"}
-    with gateway(tmp_path / "gw", sqlite_url, sglang.url, engine_api_key=sglang.api_key) as gw:
+    with in_process_gateway(
+        tmp_path / "gw", sqlite_url, sglang.url, engine_api_key=sglang.api_key
+    ) as gw:
         r = httpx.post(gw.url + "/v1/completions", headers=h, json=body, timeout=300)
         assert r.status_code == 200, r.text
         s = httpx.post(

@@ -34,8 +34,8 @@ from gateway.request import GenerationRequest, Message, ToolCallOut
 from gateway.templating import ChatRenderer, call_text, load_tokenizer
 from tests.core.test_lark_ebnf import lark_accepts
 from tests.gateway.conftest import Stack
+from tests.gateway.fake_engine import in_process_gateway
 from tests.gateway.helpers import wait_recorded
-from tests.servers import gateway
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -82,7 +82,7 @@ def _stack(
         engine = request.getfixturevalue("sglang")
         settings["engine_api_key"] = engine.api_key
     db_engine = make_engine(db_url)
-    with gateway(data_dir, db_url, engine.url, **settings) as proc:
+    with in_process_gateway(data_dir, db_url, engine.url, **settings) as proc:
         yield Stack(proc, engine, db_url, session_factory(db_engine), data_dir)
     db_engine.dispose()
 

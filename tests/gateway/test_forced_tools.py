@@ -35,8 +35,8 @@ from gateway.parsing import TOOL_PARSERS
 from gateway.request import GenerationRequest, Tool
 from gateway.templating import load_tokenizer
 from tests.gateway.conftest import Stack
+from tests.gateway.fake_engine import in_process_gateway
 from tests.gateway.helpers import interactions, wait_recorded
-from tests.servers import gateway
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -87,7 +87,7 @@ def gw(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory)
         engine = request.getfixturevalue("sglang")
         settings["engine_api_key"] = engine.api_key
     db_engine = make_engine(db_url)
-    with gateway(data_dir, db_url, engine.url, **settings) as proc:
+    with in_process_gateway(data_dir, db_url, engine.url, **settings) as proc:
         yield Stack(proc, engine, db_url, session_factory(db_engine), data_dir)
     db_engine.dispose()
 

@@ -38,8 +38,9 @@ from gateway.api.registry import APIS
 from gateway.errors import OPENAI
 from gateway.request import Sampling
 from tests.gateway.conftest import Stack
+from tests.gateway.fake_engine import in_process_gateway
 from tests.gateway.helpers import wait_recorded
-from tests.servers import engine_cmd, free_port, gateway, running
+from tests.servers import engine_cmd, free_port, running
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -317,7 +318,7 @@ def test_engine_killed_mid_stream_embedded(sqlite_stack: tuple[str, Any, Path]) 
     args = ("--context-length", "2048", "--max-running-requests", "8")
     with (
         running(engine_cmd(port, *args), {}, tmp / "engine.log", port) as eng,
-        gateway(tmp / "gw", db_url, eng.url) as gw,
+        in_process_gateway(tmp / "gw", db_url, eng.url) as gw,
     ):
         stack = Stack(gw, eng, db_url, factory, tmp)
         _kill_mid_stream(stack, lambda: eng.kill(signal.SIGKILL))
@@ -329,7 +330,7 @@ def test_engine_killed_mid_stream_sglang(sqlite_stack: tuple[str, Any, Path]) ->
     db_url, factory, tmp = sqlite_stack
     with (
         sglang_server(tmp / "sglang.log") as eng,
-        gateway(tmp / "gw", db_url, eng.url, engine_api_key=eng.api_key) as gw,
+        in_process_gateway(tmp / "gw", db_url, eng.url, engine_api_key=eng.api_key) as gw,
     ):
         stack = Stack(gw, eng, db_url, factory, tmp)  # type: ignore[arg-type]
         _kill_mid_stream(stack, lambda: _kill_tree(eng.pid))
