@@ -3,9 +3,10 @@
 - `sft`: ``{"messages": [...], "tools": [...]}`` — the recorded request's messages plus the
   answer as an assistant message (its tool calls in the OpenAI ``tool_calls`` shape, the
   arguments parsed to objects as chat templates expect); SFTTrainer's conversational format.
-- `preference`: ``{"prompt": [...], "chosen": [...], "rejected": [...]}`` — siblings (one
-  group: the same prompt, several choices) with different rewards; every pair of a higher
-  and a lower reward is one row; DPOTrainer's conversational format.
+- `preference`: ``{"prompt": [...], "chosen": [...], "rejected": [...]}`` — answers to the
+  same prompt with different rewards: siblings (one group: several choices of one call),
+  and ungrouped answers from any sessions whose prompt (messages and tools) is the same;
+  every pair of a higher and a lower reward is one row; DPOTrainer's conversational format.
 - `kto`: ``{"prompt": [...], "completion": [...], "label": bool}`` — each rated interaction;
   the label is ``reward > 0`` (a thumbs up is +1, a thumbs down -1); KTOTrainer's format.
 
@@ -14,6 +15,7 @@ Records whose payload was purged (retention) or that carry no messages give no r
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -63,11 +65,21 @@ def kto_rows(records: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         yield {"prompt": prompt, "completion": [_answer(rec)], "label": rec["reward"] > 0}
 
 
+def _same_prompt(rec: dict[str, Any]) -> str:
+    """Which answers compete: a group's siblings, else every ungrouped answer to the same
+    messages and tools (a digest of them, so the key stays small)."""
+    if rec.get("group_id"):
+        return "group:" + rec["group_id"]
+    req = rec.get("request") or {}
+    text = json.dumps([req.get("messages"), req.get("tools")], sort_keys=True, default=str)
+    return "prompt:" + hashlib.sha256(text.encode()).hexdigest()
+
+
 def preference_rows(records: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
     groups: dict[str, list[dict[str, Any]]] = {}
     for rec in records:
-        if rec.get("group_id") and rec.get("reward") is not None and _prompt(rec):
-            groups.setdefault(rec["group_id"], []).append(rec)
+        if rec.get("reward") is not None and _prompt(rec):
+            groups.setdefault(_same_prompt(rec), []).append(rec)
     for sibs in groups.values():
         sibs.sort(key=lambda r: -r["reward"])
         for i, hi in enumerate(sibs):

@@ -88,7 +88,22 @@ def _record(sqlite_url: str) -> None:
                 ),
             }
         )
-        for rec in [*rows, called]:
+        # one question asked in two sessions, no group: rated apart, they still pair up
+        asked = {**base.request, "messages": [{"role": "user", "content": "Name a red fruit."}]}
+        apart = [
+            base.model_copy(
+                update={
+                    "id": f"chatcmpl-apart-{i}",
+                    "seq": 20 + i,
+                    "group_id": None,
+                    "reward": reward,
+                    "request": asked,
+                    "output": base.output.model_copy(update={"text": text}),
+                }
+            )
+            for i, (reward, text) in enumerate([(-1.0, "Banana."), (1.0, "A strawberry.")])
+        ]
+        for rec in [*rows, called, *apart]:
             db.add(to_row(rec))
 
 
@@ -107,7 +122,7 @@ def test_trl_rows_and_filters(sqlite_url, tmp_path, monkeypatch):
     _record(sqlite_url)
     monkeypatch.setenv("RLGATE_DATABASE_URL", sqlite_url)
     _, sft = _export(tmp_path, "--as", "sft")
-    assert len(sft) == 5
+    assert len(sft) == 7
     tool_row = [r for r in sft if "tools" in r]
     assert len(tool_row) == 1
     answer = tool_row[0]["messages"][-1]
@@ -117,6 +132,7 @@ def test_trl_rows_and_filters(sqlite_url, tmp_path, monkeypatch):
     assert sorted((p["chosen"][0]["content"], p["rejected"][0]["content"]) for p in pref) == [
         ("19", "18"),
         ("4", "5"),
+        ("A strawberry.", "Banana."),  # two sessions, the same question
     ]
     _, kto = _export(tmp_path, "--as", "kto")
     assert [(k["completion"][0]["content"], k["label"]) for k in kto] == [
@@ -124,9 +140,11 @@ def test_trl_rows_and_filters(sqlite_url, tmp_path, monkeypatch):
         ("18", False),
         ("4", True),
         ("5", False),
+        ("Banana.", False),
+        ("A strawberry.", True),
     ]
     _, kto_min = _export(tmp_path, "--as", "kto", "--min-reward", "0.5")
-    assert [k["label"] for k in kto_min] == [True, True]
+    assert [k["label"] for k in kto_min] == [True, True, True]
     _, v4 = _export(tmp_path, "--as", "sft", "--policy-version", "policy-v4")
     assert len(v4) == 1 and "tools" in v4[0]
     _, none = _export(tmp_path, "--as", "sft", "--until", "2000-01-01")
@@ -159,8 +177,8 @@ def test_datasets_and_trl_load_the_exports(sqlite_url, tmp_path, monkeypatch):
     )
     assert r.returncode == 0, r.stderr[-4000:]
     report = json.loads(r.stdout.strip().splitlines()[-1])
-    assert report["sft"]["rows"] == 5 and "messages" in report["sft"]["columns"]
-    assert report["preference"] == {**report["preference"], "rows": 2}
+    assert report["sft"]["rows"] == 7 and "messages" in report["sft"]["columns"]
+    assert report["preference"] == {**report["preference"], "rows": 3}
     assert report["preference"]["columns"] == ["chosen", "prompt", "rejected"]
     assert report["kto"]["columns"] == ["completion", "label", "prompt"]
     for shape in ("sft", "preference", "kto"):
