@@ -43,7 +43,8 @@ from rlgate.cli_common import clean_errors, fail, load_settings, open_db
     type=click.Choice(["sft", "preference", "kto"]),
     default=None,
     help="Interactions as TRL rows (jsonl): sft = chat messages with tool calls; "
-    "preference = prompt/chosen/rejected from rated siblings; kto = prompt/completion/"
+    "preference = prompt/chosen/rejected from rated answers to the same prompt (siblings, "
+    "or other sessions); kto = prompt/completion/"
     "label (label: reward > 0).",
 )
 @click.option("--policy-version", default=None, help="Only interactions of this policy version.")
