@@ -7,7 +7,9 @@ that needs it fails when it is down (`.ci/run` starts it).
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 import secrets
 from collections.abc import Iterator
 
@@ -23,6 +25,52 @@ def pytest_report_header(config: pytest.Config) -> str:
 
     where = os.environ.get("RLGATE_TEST_SGLANG_PYTHON") or "scripts/sglang_cpu_venv"
     return f"real-SGLang tier: sglang {SGLANG_VERSION} ({where})"
+
+
+# The test tiers (README, "Tests"). A test is in the live tier when it, or a fixture it
+# uses, starts a process (an engine, real SGLang, a gateway process, a worker, a browser,
+# a command), runs the real model or needs PostgreSQL; the rest is the unit tier: in this
+# process, on SQLite, in front of fake engines (tests/gateway/fake_engine.py).
+# `scripts/test -m unit` runs it. A fixture that picks another by name
+# (request.getfixturevalue) counts as live, except db_url: its parameter tells.
+LIVE_FIXTURES = {
+    *("pg_url", "session_pg_url", "private_pg", "engine", "sglang", "engine_url", "hf_model"),
+    *("gw", "embedded_gw", "sglang_gw"),  # tests/gateway's gateways in front of real engines
+}
+LIVE_CALLS = re.compile(
+    r"(?<![\w.])(running|gateway|sglang_server|worker|pg_gateway|sync_playwright)\("
+    r"|subprocess\.|Popen|\bmain\(|CliRunner|getfixturevalue|LlamaModel\("
+)
+_live_source: dict[object, bool] = {}
+
+
+def _starts_something(fn: object) -> bool:
+    if fn not in _live_source:
+        try:
+            _live_source[fn] = bool(LIVE_CALLS.search(inspect.getsource(fn)))  # type: ignore[arg-type]
+        except (OSError, TypeError):
+            _live_source[fn] = False
+    return _live_source[fn]
+
+
+def _is_live(item: pytest.Item) -> bool:
+    if item.get_closest_marker("slow") or item.get_closest_marker("live"):
+        return True
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "postgresql" in params.values() or LIVE_FIXTURES & set(item.fixturenames):  # type: ignore[attr-defined]
+        return True
+    if _starts_something(getattr(item, "function", None)):
+        return True
+    defs = item._fixtureinfo.name2fixturedefs  # type: ignore[attr-defined]
+    return any(
+        _starts_something(d.func) for name, ds in defs.items() if name != "db_url" for d in ds
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if not item.get_closest_marker("unit"):
+            item.add_marker(pytest.mark.live if _is_live(item) else pytest.mark.unit)
 
 
 @pytest.fixture(scope="session")

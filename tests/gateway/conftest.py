@@ -1,5 +1,8 @@
 """Gateway test fixtures: one embedded engine (real packaged model) per test session and
-one gateway process per database backend (SQLite file and a fresh PostgreSQL database)."""
+one gateway process per database backend (SQLite file and a fresh PostgreSQL database):
+``stack``, the live tier. ``fake_stack`` is the unit tier's: the same gateway app served
+in-process on SQLite, in front of a scripted fake engine (tests/gateway/fake_engine.py),
+for what needs neither a model's text nor PostgreSQL (validation, error formats)."""
 
 from __future__ import annotations
 
@@ -78,6 +81,24 @@ class Stack:
             timeout=120,
             **kw,
         )
+
+
+@pytest.fixture(scope="module")
+def fake_stack(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A ``Stack`` of the unit tier: the gateway app in-process on a fresh SQLite file, in
+    front of a FakeEngine (each /generate answers the same short text), one per module."""
+    from tests.gateway.fake_engine import FakeEngine, in_process_gateway, serving
+
+    data_dir = tmp_path_factory.mktemp("gw-fake")
+    db_url = f"sqlite:///{data_dir / 'rlgate.db'}"
+    upgrade(db_url)
+    db_engine = make_engine(db_url)
+    fake = FakeEngine()
+    with serving(fake.app()) as engine_url:
+        fake.url = engine_url
+        with in_process_gateway(data_dir, db_url, engine_url) as gw:
+            yield Stack(gw, fake, db_url, session_factory(db_engine), data_dir)  # type: ignore[arg-type]
+    db_engine.dispose()
 
 
 @pytest.fixture(scope="session", params=["sqlite", "postgresql"])

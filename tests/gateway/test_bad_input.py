@@ -1,4 +1,9 @@
-"""Bad input: 4xx in OpenAI's error shape, and nothing recorded."""
+"""Bad input: 4xx in OpenAI's error shape, and nothing recorded.
+
+Unit tier: every refusal here happens before an engine is asked, on any database, so the
+module runs on ``fake_stack`` (the gateway app in-process on SQLite, a fake engine). A
+request the gateway wrongly let through would reach the fake engine, get its answer and
+be recorded: the status and "nothing recorded" checks still fail then."""
 
 from __future__ import annotations
 
@@ -6,6 +11,14 @@ import httpx
 import pytest
 
 from tests.gateway.helpers import counts
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def stack(fake_stack):  # type: ignore[no-untyped-def]
+    return fake_stack
+
 
 OK_MSG = [{"role": "user", "content": "hi"}]
 CASES = [
