@@ -1,5 +1,7 @@
-"""A live gateway process on PostgreSQL with the real embedded engine, for the security
-tests (the engine, model and database fixtures are tests/gateway/conftest.py's)."""
+"""A live gateway on PostgreSQL with the real embedded engine, for the security tests (the
+engine, model and database fixtures are tests/gateway/conftest.py's). The gateway app is
+served in this process (tests/gateway/fake_engine.py in_process_gateway): these tests are
+about what it answers, not about its process."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any
 from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
 from core.migrate import upgrade
-from tests.servers import gateway
+from tests.gateway.fake_engine import in_process_gateway
 
 
 @dataclass
@@ -32,7 +34,7 @@ def pg_gateway(data_dir: Path, db_url: str, engine_url: str, **settings: str) ->
     upgrade(db_url)
     db = make_engine(db_url)
     try:
-        with gateway(data_dir, db_url, engine_url, **settings) as gw:
+        with in_process_gateway(data_dir, db_url, engine_url, **settings) as gw:
             yield Live(gw.url, session_factory(db))
     finally:
         db.dispose()
