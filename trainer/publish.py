@@ -5,8 +5,9 @@
   named); an engine that already has that name counts as loaded, so a retried publish
   is idempotent; an engine that cannot be connected to is skipped when another one
   loaded it (every gateway's adapter sync, and the tick's ``sync_engines``, load it when
-  it is back). Then ``warm``: one greedy token through the adapter on each engine, before
-  any switch, so the first client request on it does not pay its first use.
+  it is back). ``warm``: one greedy token through a new version on each engine that loaded
+  it, before its publish switches to it, so the first client request on it does not pay
+  its first use.
 - ``serve_from``: the path engines load a version from, its *live* directory
   (core/live_adapters.py), created here and only here; ``retire`` removes it, then
   unloads the version everywhere, so no engine can re-load a retired version on demand
@@ -113,21 +114,24 @@ def load_everywhere(
         raise PublishError(f"engine refused adapter {name}: " + "; ".join(errors + unreachable))
     for u in unreachable:
         log.warning("adapter %s not loaded into an unreachable engine (the sync will): %s", name, u)
-    warm(loaded, name, headers)
 
 
 # one token of one prompt token: enough to bring a loaded adapter into the engine's batch
 # memory (SGLang's LoRA memory pool, the embedded engine's per-adapter weights) before the
 # switch, so no client request pays its first use
 WARM = proto.generate_body([0], proto.Sampling(max_new_tokens=1, temperature=0.0), adapter=None)
+WARM_TIMEOUT_S = 10.0
 
 
 def warm(engine_urls: list[str], name: str, headers: dict[str, str] | None = None) -> None:
-    """One greedy token through ``name`` on each engine. Best effort: an engine that
-    fails it still serves the adapter (its first request then pays the first use)."""
+    """One greedy token through ``name`` on each engine, by a new version's publish
+    (trainer/serving_switch.py), never by an operator's rollback or promote: on an engine
+    whose slots are all busy the token waits its turn, and those must answer at once. Best
+    effort, within ``WARM_TIMEOUT_S``: an engine that fails it still serves the adapter
+    (its first request then pays the first use)."""
     for url in engine_urls:
         try:
-            with _engine(url, 60.0, headers) as engine:
+            with _engine(url, WARM_TIMEOUT_S, headers) as engine:
                 engine.generate({**WARM, "lora_path": name})
         except (httpx.HTTPError, proto.EngineRefused) as e:
             log.warning("warming adapter %s on %s failed (serving it anyway): %s", name, url, e)

@@ -73,6 +73,7 @@ def publish_version(
     try:
         urls = publish.engines(settings)
         publish.load_everywhere(urls, name, publish.serve_from(path), settings.engine_headers)
+        publish.warm(urls, name, settings.engine_headers)
         ok, metrics = publish.eval_gate(
             urls[0],
             name,

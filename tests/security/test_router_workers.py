@@ -70,6 +70,7 @@ def test_publish_reaches_only_the_named_workers(servers, allowed, caplog) -> Non
     publish.load_everywhere(
         urls, "p-policy-v1", "/adapters/p/live/p-policy-v1", settings.engine_headers
     )
+    publish.warm(urls, "p-policy-v1", settings.engine_headers)
     assert [(x.method, x.path, x.auth) for x in ours.seen] == [
         ("POST", "/load_lora_adapter", f"Bearer {KEY}"),
         ("POST", "/generate", f"Bearer {KEY}"),  # the warm-up through the new adapter
