@@ -121,11 +121,11 @@ def gateway_cmd(port: int) -> list[str]:
     return [sys.executable, "-m", "rlgate.cli", "gateway", "--port", str(port)]
 
 
-@contextmanager
-def gateway(data_dir: Path, db_url: str, engine_url: str, **settings: str) -> Iterator[Proc]:
-    """A gateway process on a migrated database, using the shared model cache."""
-    port = free_port()
-    env = {
+def gateway_env(data_dir: Path, db_url: str, engine_url: str, **settings: str) -> dict[str, str]:
+    """The RLGATE_* variables a test gateway runs with (a process's, or an in-process
+    one's: tests/gateway/fake_engine.py): ``settings`` are more of them (``admin_key=``)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return {
         "RLGATE_DATA_DIR": str(data_dir),
         "RLGATE_DATABASE_URL": db_url,
         "RLGATE_ENGINE_URLS": engine_url,
@@ -133,7 +133,13 @@ def gateway(data_dir: Path, db_url: str, engine_url: str, **settings: str) -> It
         "RLGATE_LOG_LEVEL": "warning",
         **{f"RLGATE_{k.upper()}": v for k, v in settings.items()},
     }
-    data_dir.mkdir(parents=True, exist_ok=True)
+
+
+@contextmanager
+def gateway(data_dir: Path, db_url: str, engine_url: str, **settings: str) -> Iterator[Proc]:
+    """A gateway process on a migrated database, using the shared model cache."""
+    port = free_port()
+    env = gateway_env(data_dir, db_url, engine_url, **settings)
     # 503 = the gateway is up but no engine answers (tests of that case need it)
     log = data_dir / f"gateway-{port}.log"
     with running(gateway_cmd(port), env, log, port, 120, ok=(200, 503)) as p:

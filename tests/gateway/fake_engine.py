@@ -36,7 +36,7 @@ from core.keys import create_key
 from core.migrate import upgrade
 from core.settings import Settings, get_settings
 from gateway.app import create_app
-from tests.servers import MODEL_CACHE, free_port
+from tests.servers import free_port, gateway_env
 
 # "Hello there, how can I help?" + <|im_end|> in SmolLM2's vocabulary
 IDS = [19556, 665, 28, 638, 416, 339, 724, 47, 2]
@@ -214,15 +214,7 @@ def in_process_gateway(
     the gateway app served by uvicorn in a thread of the test process. For tests of
     what the gateway answers, not of how its process starts, stops or dies; its start-up
     costs about a second instead of a process's interpreter, imports and tokenizer load."""
-    env = {
-        "RLGATE_DATA_DIR": str(data_dir),
-        "RLGATE_DATABASE_URL": db_url,
-        "RLGATE_ENGINE_URLS": engine_url,
-        "RLGATE_TOKENIZER_PATH": str(MODEL_CACHE / "models" / "smollm2-135m-instruct"),
-        "RLGATE_LOG_LEVEL": "warning",
-        **{f"RLGATE_{k.upper()}": v for k, v in settings.items()},
-    }
-    data_dir.mkdir(parents=True, exist_ok=True)
+    env = gateway_env(data_dir, db_url, engine_url, **settings)
     # set while it serves: some code reads the process's settings (get_settings(): the
     # operator's grants, trainer/verifiers.py), as it would in a gateway process
     saved = {name: os.environ.get(name) for name in env}
