@@ -17,6 +17,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
+# litellm (the judge's client) fetches its model cost map from GitHub at import unless told
+# not to, as trainer/judge.py tells it; test modules that import it directly do the same
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
 PG_BASE = os.environ.get("RLGATE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432")
 
 
@@ -28,29 +32,42 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 # The test tiers (README, "Tests"). A test is in the live tier when it, or a fixture it
-# uses, starts a process (an engine, real SGLang, a gateway process, a worker, a browser,
-# a command), runs the real model or needs PostgreSQL; the rest is the unit tier: in this
-# process, on SQLite, in front of fake engines (tests/gateway/fake_engine.py).
-# `scripts/test -m unit` runs it. A fixture that picks another by name
-# (request.getfixturevalue) counts as live, except db_url: its parameter tells.
+# uses, or a function of its own module that either calls, starts a process (an engine,
+# real SGLang, a gateway process, a worker, a browser, a command), loads the real model's
+# weights or needs PostgreSQL; the rest is the unit tier: in this process, on SQLite, in
+# front of fake engines (tests/gateway/fake_engine.py). `scripts/test -m unit` runs it. A
+# fixture that picks another by name (request.getfixturevalue) counts as live, except
+# db_url: its parameter tells.
 LIVE_FIXTURES = {
     *("pg_url", "session_pg_url", "private_pg", "engine", "sglang", "engine_url", "hf_model"),
     *("gw", "embedded_gw", "sglang_gw"),  # tests/gateway's gateways in front of real engines
 }
 LIVE_CALLS = re.compile(
-    r"(?<![\w.])(running|gateway|sglang_server|worker|pg_gateway|sync_playwright)\("
-    r"|subprocess\.|Popen|\bmain\(|CliRunner|getfixturevalue|LlamaModel\("
+    r"(?<![\w.])(running|gateway|sglang_server|worker|pg_gateway|sync_playwright|fit)\("
+    r"|subprocess\.|Popen|\bmain\(|CliRunner|getfixturevalue|LlamaModel\(|Policy\.load\("
 )
+CALLED = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\(")
 _live_source: dict[object, bool] = {}
 
 
 def _starts_something(fn: object) -> bool:
-    if fn not in _live_source:
-        try:
-            _live_source[fn] = bool(LIVE_CALLS.search(inspect.getsource(fn)))  # type: ignore[arg-type]
-        except (OSError, TypeError):
-            _live_source[fn] = False
-    return _live_source[fn]
+    """Whether ``fn``'s source, or that of a function of its module it calls, starts
+    something (LIVE_CALLS)."""
+    if fn in _live_source:
+        return _live_source[fn]
+    _live_source[fn] = False  # a cycle of calls adds nothing
+    try:
+        source = inspect.getsource(fn)  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return False
+    scope = getattr(fn, "__globals__", {})
+    callees = (scope.get(name) for name in set(CALLED.findall(source)))
+    live = bool(LIVE_CALLS.search(source)) or any(
+        inspect.isfunction(c) and c.__module__ == fn.__module__ and _starts_something(c)  # type: ignore[attr-defined]
+        for c in callees
+    )
+    _live_source[fn] = live
+    return live
 
 
 def _is_live(item: pytest.Item) -> bool:

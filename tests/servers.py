@@ -8,6 +8,7 @@ The bench/ scripts start their engines with these helpers too (they need only ht
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -23,6 +24,15 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_CACHE = Path(os.environ.get("RLGATE_ENGINE_TEST_CACHE", "/tmp/rlgate-engine-cache"))
+
+
+@functools.cache
+def packaged_model_dir() -> Path:
+    """The packaged model's HF directory in MODEL_CACHE, converted from its GGUF on first
+    use on this machine (about 20 s): every test gateway's tokenizer, every engine's model."""
+    from engine.model_files import PACKAGED_MODEL, resolve_model_dir
+
+    return resolve_model_dir(PACKAGED_MODEL, MODEL_CACHE)
 
 
 def free_port() -> int:
@@ -129,7 +139,7 @@ def gateway_env(data_dir: Path, db_url: str, engine_url: str, **settings: str) -
         "RLGATE_DATA_DIR": str(data_dir),
         "RLGATE_DATABASE_URL": db_url,
         "RLGATE_ENGINE_URLS": engine_url,
-        "RLGATE_TOKENIZER_PATH": str(MODEL_CACHE / "models" / "smollm2-135m-instruct"),
+        "RLGATE_TOKENIZER_PATH": str(packaged_model_dir()),
         "RLGATE_LOG_LEVEL": "warning",
         **{f"RLGATE_{k.upper()}": v for k, v in settings.items()},
     }

@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 from rlgate.sglang_memory import with_fraction
-from tests.servers import MODEL_CACHE, REPO, free_port, running
+from tests.servers import REPO, free_port, packaged_model_dir, running
 
 MAX_LORA_RANK = 16
 # what rlgate needs of any SGLang (docs/engine.md): LoRA on every projection, the key
@@ -106,10 +106,8 @@ def sglang_python() -> str:
 def model_dir() -> Path:
     """The packaged model's HF directory (RLGATE_TEST_SGLANG_MODEL: another one, as the
     GPU check's random-weight model)."""
-    from engine.model_files import PACKAGED_MODEL, resolve_model_dir
-
     named = os.environ.get("RLGATE_TEST_SGLANG_MODEL")
-    return Path(named) if named else resolve_model_dir(PACKAGED_MODEL, MODEL_CACHE)
+    return Path(named) if named else packaged_model_dir()
 
 
 @contextmanager

@@ -19,16 +19,15 @@ from psycopg import sql
 from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
 from core.migrate import upgrade
-from engine.model_files import PACKAGED_MODEL, resolve_model_dir
 from tests.conftest import PG_BASE
-from tests.servers import MODEL_CACHE, Proc, engine_cmd, free_port, gateway, running
+from tests.servers import Proc, engine_cmd, free_port, gateway, packaged_model_dir, running
 
 ENGINE_CONTEXT = 2048
 
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
-    return resolve_model_dir(PACKAGED_MODEL, MODEL_CACHE)
+    return packaged_model_dir()
 
 
 @pytest.fixture(scope="session")

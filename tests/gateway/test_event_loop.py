@@ -32,7 +32,7 @@ from gateway.app import create_app
 from gateway.request import Message
 from gateway.state import Gateway
 from gateway.templating import MIN_PROMPT_CHARS
-from tests.servers import MODEL_CACHE, Proc, free_port
+from tests.servers import Proc, free_port, packaged_model_dir
 
 BODY_LIMIT = 4 * 1024 * 1024  # the default of RLGATE_MAX_BODY_BYTES
 CHARS_PER_TOKEN = 16.0
@@ -105,7 +105,7 @@ def live(engine: Proc, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Liv
         data_dir=data_dir,
         database_url=db_url,
         engine_urls=engine.url,
-        tokenizer_path=str(MODEL_CACHE / "models" / "smollm2-135m-instruct"),
+        tokenizer_path=str(packaged_model_dir()),
         log_level="warning",
         render_workers=2,
         prompt_chars_per_token=CHARS_PER_TOKEN,

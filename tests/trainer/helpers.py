@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.db import transaction
 from schemas.coltypes import utcnow
 from schemas.tables import InteractionRow, ProjectRow, SessionRow
-from tests.servers import MODEL_CACHE
+from tests.servers import MODEL_CACHE, packaged_model_dir
 
 MODEL_DIR = MODEL_CACHE / "models" / "smollm2-135m-instruct"
 QUESTIONS = ["What is 2+2?", "Name a color.", "Say hi.", "Pick a fruit.", "Count to three."]
@@ -25,7 +25,7 @@ QUESTIONS = ["What is 2+2?", "Name a color.", "Say hi.", "Pick a fruit.", "Count
 def _tokenizer():  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(MODEL_DIR))
+    return AutoTokenizer.from_pretrained(str(packaged_model_dir()))
 
 
 def render(question: str) -> list[int]:
