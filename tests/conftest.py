@@ -109,15 +109,21 @@ def sglang(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped
 @pytest.fixture(autouse=True)
 def _isolated_settings(tmp_path, monkeypatch) -> Iterator[None]:
     """Each test gets its own data dir, its own XDG_STATE_HOME (so it never sees a
-    developer's running stacks, rlgate/stack.py) and no stray RLGATE_* settings; what a
-    command run in-process adopted from a stack is undone after it."""
+    developer's running stacks, rlgate/stack.py) and no stray RLGATE_* settings, except a
+    gateway's that serves in this process for the whole module (it reads them as it
+    serves, as a gateway process would); what a command run in-process adopted from a
+    stack is undone after it."""
     from core.settings import get_settings
     from rlgate import stack
+    from tests.servers import IN_PROCESS_ENVS
 
     for name in list(os.environ):
         if name.startswith("RLGATE_") and not name.startswith("RLGATE_TEST_"):
             monkeypatch.delenv(name)
     monkeypatch.setenv("RLGATE_DATA_DIR", str(tmp_path / "data"))
+    for env in IN_PROCESS_ENVS:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     get_settings.cache_clear()
     yield

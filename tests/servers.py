@@ -131,6 +131,11 @@ def gateway_cmd(port: int) -> list[str]:
     return [sys.executable, "-m", "rlgate.cli", "gateway", "--port", str(port)]
 
 
+# the settings of the gateways serving in this process now (tests/gateway/fake_engine.py
+# in_process_gateway): each test keeps them in its environment (tests/conftest.py)
+IN_PROCESS_ENVS: list[dict[str, str]] = []
+
+
 def gateway_env(data_dir: Path, db_url: str, engine_url: str, **settings: str) -> dict[str, str]:
     """The RLGATE_* variables a test gateway runs with (a process's, or an in-process
     one's: tests/gateway/fake_engine.py): ``settings`` are more of them (``admin_key=``)."""

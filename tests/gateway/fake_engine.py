@@ -36,7 +36,7 @@ from core.keys import create_key
 from core.migrate import upgrade
 from core.settings import Settings, get_settings
 from gateway.app import create_app
-from tests.servers import free_port, gateway_env
+from tests.servers import IN_PROCESS_ENVS, free_port, gateway_env
 
 # "Hello there, how can I help?" + <|im_end|> in SmolLM2's vocabulary
 IDS = [19556, 665, 28, 638, 416, 339, 724, 47, 2]
@@ -219,12 +219,14 @@ def in_process_gateway(
     # operator's grants, trainer/verifiers.py), as it would in a gateway process
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)
+    IN_PROCESS_ENVS.append(env)
     get_settings.cache_clear()
     try:
         app = create_app(Settings())
         with serving(app) as url:
             yield InProcess(url, app)
     finally:
+        IN_PROCESS_ENVS.remove(env)
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -44,10 +44,11 @@ from schemas.atdp import FeedbackSource
 from schemas.coltypes import utcnow
 from schemas.convert import to_row
 from schemas.tables import AuditEventRow, FeedbackRow, InteractionRow, ProjectRow, SessionRow
+from tests.gateway.fake_engine import in_process_gateway
 from tests.grammar_bombs import BOMBS, TOO_DEEP, custom_tool_body
 from tests.rows import interaction, session
 from tests.security.listener import Listener
-from tests.servers import REPO, free_port, gateway
+from tests.servers import REPO, free_port
 from trainer.hooks import on_session_closed
 
 pytestmark = pytest.mark.timeout(300)
@@ -115,7 +116,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     grants = {"commands": json.dumps(COMMANDS), "judges": json.dumps(JUDGES)}
     tmp = tmp_path_factory.mktemp("matrix")
     try:
-        with gateway(
+        with in_process_gateway(  # its answers are under test, not its process
             tmp / "gw", url, f"http://127.0.0.1:{free_port()}", admin_key=BOOTSTRAP, **grants
         ) as gw:
             r = httpx.post(
