@@ -52,9 +52,9 @@ from core.keys import (
 )
 from gateway.auth import BOOTSTRAP_ADMIN_ID, Principal, require_kind
 from gateway.errors import bad_request
-from gateway.feedback import normalize, session_closed, submit_feedback
+from gateway.feedback import normalize, submit_feedback
 from gateway.request_context import gw_of, principal, read_json
-from gateway.sessions import open_session
+from gateway.sessions import open_session, session_closed
 from gateway.storable import bounded_str
 from gateway.waits import locate, until_committed
 from schemas.atdp import ClientProtocol

@@ -14,7 +14,6 @@ target the caller may not see is answered exactly like a missing one (404).
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -35,8 +34,6 @@ from gateway.auth import BOOTSTRAP_ADMIN_ID, Principal
 from gateway.errors import bad_request
 from gateway.storable import bounded_str
 from schemas.atdp import FeedbackSource
-
-log = logging.getLogger("rlgate.feedback")
 
 SCALES = {
     "binary": "binary",
@@ -250,16 +247,6 @@ def submit_feedback(
 
         api.after_feedback(factory, row)
     return feedback_json(row), replayed
-
-
-def session_closed(factory: sessionmaker[Session], session_id: str) -> None:
-    """The hook for every path that closes a session (end, idle expiry, rating)."""
-    try:
-        from trainer import api
-
-        api.on_session_closed(factory, session_id)
-    except Exception:
-        log.exception("session-closed hook failed for %s", session_id)
 
 
 def check_may_rate(factory: sessionmaker[Session], p: Principal) -> None:

@@ -13,9 +13,8 @@ from core.errors import APIError
 from core.keys import create_key
 from gateway.auth import BOOTSTRAP_ADMIN_ID, require_kind
 from gateway.errors import bad_request
-from gateway.feedback import session_closed
 from gateway.request_context import gw_of, principal, read_json
-from gateway.sessions import open_session
+from gateway.sessions import open_session, session_closed
 from gateway.storable import bounded_str
 from schemas.atdp import SessionStatus
 from schemas.coltypes import utcnow

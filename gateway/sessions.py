@@ -37,6 +37,16 @@ from schemas.tables import InteractionRow, SessionRow
 log = logging.getLogger("rlgate.sessions")
 
 
+def session_closed(factory: sessionmaker[Session], session_id: str) -> None:
+    """The hook for every path that closes a session (end, idle expiry, rating)."""
+    try:
+        from trainer import api
+
+        api.on_session_closed(factory, session_id)
+    except Exception:
+        log.exception("session-closed hook failed for %s", session_id)
+
+
 def new_session_id() -> str:
     return "sess_" + secrets.token_hex(12)
 
@@ -329,9 +339,7 @@ class SessionStore:
 
     def expire_idle(self) -> int:
         """Mark open sessions idle past the timeout as expired, then settle their credit
-        assignment and run their verifiers (gateway.feedback.session_closed)."""
-        from gateway.feedback import session_closed
-
+        assignment and run their verifiers (:func:`session_closed`)."""
         cutoff = utcnow() - self.idle
         with self.factory() as db, db.begin():
             rows = db.scalars(
