@@ -251,15 +251,15 @@ def _module_level_imports(path: Path) -> set[str]:
 
 
 def test_opentelemetry_is_loaded_only_for_traces() -> None:
-    """OpenTelemetry is an optional extra (rlgate[otel]): only gateway/tracing.py imports
-    it, and no module loads gateway/tracing.py with itself (gateway/app.py imports it in
+    """OpenTelemetry is an optional extra (rlgate[otel]): only gateway/call/tracing.py imports
+    it, and no module loads gateway/call/tracing.py with itself (gateway/app.py imports it in
     ``build_tracing``, when RLGATE_OTLP_ENDPOINT is set)."""
     modules = _modules()
     _, raw = _graph()
     bad = sorted(
         f"{module} imports {name}"
         for module, names in raw.items()
-        if module != "gateway.tracing"
+        if module != "gateway.call.tracing"
         for name in names
         if _top(name) == "opentelemetry"
     )
@@ -267,6 +267,7 @@ def test_opentelemetry_is_loaded_only_for_traces() -> None:
     loads = sorted(
         module
         for module, path in modules.items()
-        if module != "gateway.tracing" and "gateway.tracing" in _module_level_imports(path)
+        if module != "gateway.call.tracing"
+        and "gateway.call.tracing" in _module_level_imports(path)
     )
-    assert not loads, f"modules that load gateway.tracing with themselves: {loads}"
+    assert not loads, f"modules that load gateway.call.tracing with themselves: {loads}"
