@@ -32,7 +32,7 @@ from core.db import make_engine, session_factory, transaction  # noqa: E402
 from core.migrate import upgrade  # noqa: E402
 from core.settings import Settings  # noqa: E402
 from engine.lora import DEFAULT_TARGET_MODULES  # noqa: E402
-from gateway.serving_cache import ServingPolicy  # noqa: E402
+from gateway.engines.serving_cache import ServingPolicy  # noqa: E402
 from schemas.convert import to_row  # noqa: E402
 from schemas.tables import ProjectRow  # noqa: E402
 from tests.rows import policy_version  # noqa: E402

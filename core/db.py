@@ -16,7 +16,7 @@ from core.settings import ConfigError
 # The database cannot be reached (down, restarting, network): serving goes on from what a
 # gateway already knows (keys, sessions, the serving adapter, answers spooled to disk),
 # for at most STALE_IF_DOWN_S after it last read them; anything else is a clean 503
-# (gateway.errors.db_down_error).
+# (gateway.edge.errors.db_down_error).
 DB_DOWN = (OperationalError, InterfaceError)
 STALE_IF_DOWN_S = 900.0
 

@@ -15,7 +15,7 @@ parser, which reads a regex first, overflows its stack at a few hundred levels.
 
 With ``expand=False`` a repeat is not copied out: the grammar is read and checked (syntax,
 depth), which costs time linear in its length. That is how an offered tool's grammar is
-checked: only a forced call needs the EBNF (gateway/custom_tools.py).
+checked: only a forced call needs the EBNF (gateway/call/custom_tools.py).
 """
 
 from __future__ import annotations

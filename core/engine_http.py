@@ -2,7 +2,7 @@
 rollback, unload, the tick's sync, the eval gate) and where they are.
 
 The bodies and readings are ``core/engine_protocol.py``'s; the gateway speaks the same
-protocol over aiohttp (``gateway/engine_client.py``). Two shapes of deployment
+protocol over aiohttp (``gateway/engines/engine_client.py``). Two shapes of deployment
 (docs/scaling.md):
 - a list of engine URLs (``RLGATE_ENGINE_URLS``): every engine is loaded directly;
 - one sglang-router (``RLGATE_ENGINE_ROUTER_URL``): adapters are loaded into each worker

@@ -1,7 +1,7 @@
 """SGLang's native HTTP protocol as rlgate speaks it, without I/O: the bodies rlgate
 sends and the readings of what an engine answers.
 
-The one place that knows SGLang's wire format, for the gateway (``gateway/engine_client.py``
+The one place that knows SGLang's wire format, for the gateway (``gateway/engines/engine_client.py``
 over aiohttp, its hot path) and the trainer (``core/engine_http.py`` over httpx: publish,
 rollback, the eval gate, the tick). It lives in core because the trainer never imports
 the gateway. The embedded engine (``engine/``) implements the subset this module uses;

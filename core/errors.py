@@ -1,6 +1,6 @@
 """The error a request is answered with: an HTTP status and a message that says what to
 change. Raised by the gateway and by the shared code it calls (core/feedback.py);
-gateway/errors.py renders it in the calling API's own error format."""
+gateway/edge/errors.py renders it in the calling API's own error format."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 :func:`store_feedback` resolves what a rating names (an interaction, a group, a session,
 or the caller's latest session) within what the caller may see (:class:`Scope`), and
 stores it idempotently. Its callers: the gateway's ``POST /feedback`` and AReaL
-``/rl/set_reward`` (gateway/feedback.py parses and normalizes the body) and the verifier
+``/rl/set_reward`` (gateway/routes/feedback.py parses and normalizes the body) and the verifier
 task (trainer/hooks.py). Each then runs trainer.hooks.after_feedback on a new record.
 
 Visibility: a caller sees the targets of its own project only (a per-session key: of its
@@ -134,7 +134,7 @@ def resolve_target(
 
     An interaction id may name a row the recorder has not committed yet (the client got
     the response a moment ago): it is looked up again for up to ``wait_s`` seconds. The
-    gateway's routes pass 0 after waiting asynchronously (gateway.waits.locate); only
+    gateway's routes pass 0 after waiting asynchronously (gateway.routes.waits.locate); only
     in-process callers outside the event loop (verifiers) block here.
     """
     if target == "latest":

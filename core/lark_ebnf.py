@@ -1,6 +1,6 @@
 """A Lark grammar (the subset custom tools use) as EBNF, the grammar dialect both engines
 read: SGLang's xgrammar EBNF, and GBNF that the embedded engine converts to llguidance's
-Lark. The gateway sends every custom-tool grammar this way (gateway/custom_tools.py).
+Lark. The gateway sends every custom-tool grammar this way (gateway/call/custom_tools.py).
 
 The subset: rules (``name: ...``, with ``?``/``!`` prefixes) and terminals (``NAME: ...``,
 a ``.priority`` is ignored), continuation lines starting with ``|``, alternation, string

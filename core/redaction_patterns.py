@@ -4,7 +4,7 @@ and ``Project.settings["redaction"]["patterns"]``).
 Patterns are data, never code: a pattern that can backtrack catastrophically, compile
 huge, or match the empty string is refused with a :class:`RedactionConfigError` that
 says what to change. The settings validate ``redact_patterns`` with
-:func:`compile_patterns`; the redaction itself is gateway/redaction.py.
+:func:`compile_patterns`; the redaction itself is gateway/recording/redaction.py.
 """
 
 from __future__ import annotations

@@ -186,7 +186,7 @@ class Settings(BaseSettings):
         "Responses' max_output_tokens). Unset: up to the model's context, as OpenAI does. "
         "Set it for clients that never send a limit (Codex) on a small or slow policy.",
     )
-    # ---- request size and prompt work (gateway/body_limit.py, gateway/render_pool.py) ----
+    # ---- request size and prompt work (gateway/edge/body_limit.py, gateway/call/render_pool.py)
     max_body_bytes: int = Field(
         4 * 1024 * 1024,
         ge=1024,
@@ -238,7 +238,7 @@ class Settings(BaseSettings):
         description="How often spool segments left by dead gateway processes are replayed.",
     )
 
-    # ---- data protection (gateway/redaction.py, core/redaction_patterns.py,
+    # ---- data protection (gateway/recording/redaction.py, core/redaction_patterns.py,
     # trainer/retention.py, docs/data-protection.md)
     redact: bool = Field(
         False,
@@ -258,7 +258,7 @@ class Settings(BaseSettings):
         "older than this many days (daily trainer beat job; `rlgate retention`). Unset: keep.",
     )
 
-    # ---- traces (gateway/tracing.py, docs/observability.md "Traces") -------------------
+    # ---- traces (gateway/call/tracing.py, docs/observability.md "Traces") -------------------
     otlp_endpoint: str = Field(
         "",
         description="An OTLP/HTTP (protobuf) collector, e.g. http://collector:4318: each "
@@ -277,7 +277,7 @@ class Settings(BaseSettings):
         "(RLGATE_REDACT, a project's redaction setting). Off: spans carry no text.",
     )
 
-    # ---- limits and exposure (gateway/ratelimit.py, docs/gateway.md "Limits") ----------
+    # ---- limits and exposure (gateway/edge/ratelimit.py, docs/gateway.md "Limits") ----------
     rate_limit_rps: float = Field(
         100.0, gt=0, description="Requests per second per key (token bucket refill)."
     )

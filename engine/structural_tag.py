@@ -12,7 +12,7 @@ them:
 - ``{"type": "grammar", "grammar": ebnf}``: text of the EBNF (GBNF) grammar, which
   becomes its own llguidance subgrammar (its rule names stay its own);
 - ``{"type": "any_text"}``, only as a tag's content: any text up to the first of the
-  tag's ends (a custom tool's free-form input, gateway/custom_tools.py);
+  tag's ends (a custom tool's free-form input, gateway/call/custom_tools.py);
 - ``{"type": "sequence", "elements": [F, ...]}`` and ``{"type": "or", "elements": [...]}``;
 - ``{"type": "tag", "begin": s, "content": F, "end": s | [s, ...]}``;
 - ``{"type": "tags_with_separator", "tags": [tag, ...], "separator": s,

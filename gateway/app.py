@@ -25,29 +25,29 @@ from core.db import DB_DOWN, check_connection, make_engine, session_factory
 from core.errors import APIError
 from core.migrate import current
 from core.settings import ConfigError, Settings, get_settings
-from gateway import exposure
-from gateway.adapter_leases import Leases
-from gateway.adapter_sync import AdapterSync
 from gateway.api.registry import APIS
-from gateway.auth import Authenticator
-from gateway.body_limit import BodyLimitMiddleware
-from gateway.boundary import UrlCheckMiddleware
-from gateway.engine_client import EngineClient
-from gateway.errors import db_down_error, error_response
-from gateway.metrics import Metrics
-from gateway.next_turn import NextTurnDispatch
-from gateway.parsing import TOOL_PARSERS
-from gateway.pipeline import Pipeline
-from gateway.ratelimit import RateLimitMiddleware
-from gateway.recorder import Recorder
-from gateway.redaction import RedactionPolicy
-from gateway.render_pool import RenderPool
-from gateway.request_context import gw_of
-from gateway.serving_cache import ServingPolicy
-from gateway.sessions import SessionStore
+from gateway.call.parsing import TOOL_PARSERS
+from gateway.call.pipeline import Pipeline
+from gateway.call.render_pool import RenderPool
+from gateway.call.sessions import SessionStore
+from gateway.call.templating import ChatRenderer, load_tokenizer
+from gateway.edge.auth import Authenticator
+from gateway.edge.body_limit import BodyLimitMiddleware
+from gateway.edge.boundary import UrlCheckMiddleware
+from gateway.edge.errors import db_down_error, error_response
+from gateway.edge.metrics import Metrics
+from gateway.edge.ratelimit import RateLimitMiddleware
+from gateway.engines.adapter_leases import Leases
+from gateway.engines.adapter_sync import AdapterSync
+from gateway.engines.engine_client import EngineClient
+from gateway.engines.serving_cache import ServingPolicy
+from gateway.engines.unloads import Unloads
+from gateway.recording.next_turn import NextTurnDispatch
+from gateway.recording.recorder import Recorder
+from gateway.recording.redaction import RedactionPolicy
+from gateway.routes import exposure
+from gateway.routes.request_context import gw_of
 from gateway.state import Gateway
-from gateway.templating import ChatRenderer, load_tokenizer
-from gateway.unloads import Unloads
 
 log = logging.getLogger("rlgate.gateway")
 
@@ -71,12 +71,12 @@ def _tokenizer_dir(settings: Settings) -> Path | str:
 
 
 def build_tracing(settings: Settings) -> Any:
-    """The OpenTelemetry tracer of model calls (gateway/tracing.py) when
+    """The OpenTelemetry tracer of model calls (gateway/call/tracing.py) when
     RLGATE_OTLP_ENDPOINT is set, else None: OpenTelemetry's SDK is imported only then."""
     if not settings.otlp_endpoint:
         return None
     try:
-        from gateway.tracing import Tracing
+        from gateway.call.tracing import Tracing
     except ImportError as e:
         raise ConfigError(
             f"RLGATE_OTLP_ENDPOINT is set but OpenTelemetry is not installed ({e}); "
@@ -251,10 +251,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             generate_latest(gw.metrics.registry), media_type="text/plain; version=0.0.4"
         )
 
-    from gateway import areal_routes, feedback_routes, session_routes
     from gateway.admin import api as admin_api
     from gateway.admin import pages as admin_pages
     from gateway.api import models
+    from gateway.routes import areal_routes, feedback_routes, session_routes
 
     for api in APIS:
         app.include_router(api.router)
@@ -272,7 +272,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 def install_error_handlers(app: FastAPI) -> None:
     """Errors in the calling API's format: the registered APIs (``app.state.apis``, which
-    gateway/errors.py and the rate limiter's model paths read) and the handlers."""
+    gateway/edge/errors.py and the rate limiter's model paths read) and the handlers."""
     app.state.apis = APIS
 
     @app.exception_handler(APIError)

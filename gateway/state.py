@@ -1,8 +1,8 @@
 """The running gateway's state: what ``request.app.state.gw`` holds for every route.
 
 Built by gateway/app.py (``build_gateway``); the route modules read it through
-gateway.request_context.gw_of and depend on this module, never on gateway/app.py, which imports
-them (tests/test_imports.py: no import cycles).
+gateway.routes.request_context.gw_of and depend on this module, never on gateway/app.py,
+which imports them (tests/test_imports.py: no import cycles).
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.settings import Settings
-from gateway.adapter_sync import AdapterSync
-from gateway.auth import Authenticator
-from gateway.engine_client import EngineClient
-from gateway.metrics import Metrics
-from gateway.next_turn import NextTurnDispatch
-from gateway.pipeline import Pipeline
-from gateway.recorder import Recorder
-from gateway.unloads import Unloads
+from gateway.call.pipeline import Pipeline
+from gateway.edge.auth import Authenticator
+from gateway.edge.metrics import Metrics
+from gateway.engines.adapter_sync import AdapterSync
+from gateway.engines.engine_client import EngineClient
+from gateway.engines.unloads import Unloads
+from gateway.recording.next_turn import NextTurnDispatch
+from gateway.recording.recorder import Recorder
 
 
 @dataclass

@@ -83,7 +83,7 @@ def config(as_json: bool) -> None:
     values and, under "origins", each one's origin."""
     from core.db import normalize_url
     from core.settings import ConfigError
-    from gateway.parsing import TOOL_PARSERS
+    from gateway.call.parsing import TOOL_PARSERS
     from rlgate.config_view import view
     from rlgate.stack import ADOPTED
     from rlgate.up import _default_cap as up_cap_env

@@ -212,7 +212,7 @@ def eval_gate(model_dir, validation: list[Question], context_length: int) -> dic
     from transformers import AutoTokenizer
 
     from gateway.api.openai_chat.translator import parse_messages, parse_tools
-    from gateway.templating import ChatRenderer
+    from gateway.call.templating import ChatRenderer
 
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(str(model_dir)), context_length)
     tools = parse_tools(TOOLS)

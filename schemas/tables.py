@@ -146,7 +146,7 @@ class InteractionRow(Base):
     # hash of (request messages + this answer): a later call whose messages start with
     # exactly this conversation continues it (session stitching, parent links)
     continuation_hash: Mapped[str | None] = mapped_column(String(64))
-    # a client SDK's resend of a timed-out request (gateway/retries.py): its retry count,
+    # a client SDK's resend of a timed-out request (gateway/recording/retries.py): its retry count,
     # and on the orphaned earlier answer the id of the retry that replaced it
     attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     superseded_by: Mapped[str | None] = mapped_column(ID)

@@ -7,7 +7,8 @@ Layers (docs/architecture.md), bottom up: `schemas` (the data contract), then `c
 (settings, database, keys, feedback records) on it, with `engine` beside them; `trainer`
 on those; `gateway` on them, entering the trainer only through `trainer.api`; `rlgate`
 (the product's commands: the command line, `up`, `demo`, `export`) above everything,
-and nothing below imports it.
+and nothing below imports it. Inside `gateway`, its subpackages are layered too
+(`GATEWAY_LAYERS`).
 """
 
 from __future__ import annotations
@@ -207,6 +208,74 @@ def test_rlgate_is_the_top_layer() -> None:
     assert not bad, "\n".join(bad)
 
 
+# gateway/'s own layers, bottom up (gateway/__init__.py, docs/architecture.md). A module
+# imports from its own unit and from lower ranks only; units that share a rank (engines
+# and recording) never import each other. Every gateway module belongs to one unit, so a
+# new module at gateway/'s top level fails here until it is placed.
+GATEWAY_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("gateway.edge",),
+    ("gateway.engines", "gateway.recording"),
+    ("gateway.call",),
+    ("gateway.state",),
+    ("gateway.routes",),
+    ("gateway.api",),
+    ("gateway.admin",),
+    ("gateway.app",),
+)
+
+
+def _gateway_unit(module: str) -> tuple[int, str] | None:
+    """(rank, unit) of a gateway module; None for the package itself or a module outside."""
+    for rank, units in enumerate(GATEWAY_LAYERS):
+        for unit in units:
+            if module == unit or module.startswith(unit + "."):
+                return rank, unit
+    return None
+
+
+def _gateway_layer_violations(edges: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for module, targets in edges.items():
+        if _top(module) != "gateway" or module == "gateway":
+            continue
+        here = _gateway_unit(module)
+        if here is None:
+            bad.append(f"{module} is in no layer of GATEWAY_LAYERS")
+            continue
+        for target in sorted(targets):
+            there = _gateway_unit(target)
+            if there is None or there[1] == here[1]:
+                continue
+            if there[0] >= here[0]:
+                bad.append(f"{module} ({here[1]}) imports {target} ({there[1]})")
+    return sorted(bad)
+
+
+def test_gateway_subpackages_are_layered() -> None:
+    edges, _ = _graph()
+    bad = _gateway_layer_violations(edges)
+    assert not bad, "\n".join(bad)
+
+
+def test_gateway_layer_check_catches_violations() -> None:
+    """The check above fails on an upward import, one between units of a rank, and a
+    module placed in no layer."""
+    edges = {
+        "gateway.edge.errors": {"gateway.routes.waits"},
+        "gateway.engines.unloads": {"gateway.recording.spool"},
+        "gateway.call.pipeline": {"gateway.app"},
+        "gateway.loose": set(),
+        "gateway.routes.waits": {"gateway.call.pipeline", "gateway.state", "gateway.edge"},
+    }
+    assert _gateway_layer_violations(edges) == [
+        "gateway.call.pipeline (gateway.call) imports gateway.app (gateway.app)",
+        "gateway.edge.errors (gateway.edge) imports gateway.routes.waits (gateway.routes)",
+        "gateway.engines.unloads (gateway.engines) imports gateway.recording.spool"
+        " (gateway.recording)",
+        "gateway.loose is in no layer of GATEWAY_LAYERS",
+    ]
+
+
 def test_commands_live_in_rlgate() -> None:
     """gateway/ holds only the gateway: the command line, up, demo and export are in rlgate/."""
     modules = _modules()
@@ -251,15 +320,15 @@ def _module_level_imports(path: Path) -> set[str]:
 
 
 def test_opentelemetry_is_loaded_only_for_traces() -> None:
-    """OpenTelemetry is an optional extra (rlgate[otel]): only gateway/tracing.py imports
-    it, and no module loads gateway/tracing.py with itself (gateway/app.py imports it in
+    """OpenTelemetry is an optional extra (rlgate[otel]): only gateway/call/tracing.py imports
+    it, and no module loads gateway/call/tracing.py with itself (gateway/app.py imports it in
     ``build_tracing``, when RLGATE_OTLP_ENDPOINT is set)."""
     modules = _modules()
     _, raw = _graph()
     bad = sorted(
         f"{module} imports {name}"
         for module, names in raw.items()
-        if module != "gateway.tracing"
+        if module != "gateway.call.tracing"
         for name in names
         if _top(name) == "opentelemetry"
     )
@@ -267,6 +336,7 @@ def test_opentelemetry_is_loaded_only_for_traces() -> None:
     loads = sorted(
         module
         for module, path in modules.items()
-        if module != "gateway.tracing" and "gateway.tracing" in _module_level_imports(path)
+        if module != "gateway.call.tracing"
+        and "gateway.call.tracing" in _module_level_imports(path)
     )
-    assert not loads, f"modules that load gateway.tracing with themselves: {loads}"
+    assert not loads, f"modules that load gateway.call.tracing with themselves: {loads}"

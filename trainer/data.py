@@ -14,7 +14,7 @@ counted by the triggers, ``countable_where``):
   are of the penalized distribution, not the policy's, and the off-policy correction
   would need the policy's own (docs/trainer.md);
 - ``superseded``: a client SDK resent the request (a timeout) and the answer it never
-  received was replaced by the retry's (``superseded_by``, gateway/retries.py).
+  received was replaced by the retry's (``superseded_by``, gateway/recording/retries.py).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def trainable_where(project_id: str):  # type: ignore[no-untyped-def]
     )
 
 
-# Set by the gateway's redaction (gateway/redaction.py) and by the retention job
+# Set by the gateway's redaction (gateway/recording/redaction.py) and by the retention job
 # (trainer/retention.py): such a record's text no longer matches its token ids, which
 # are dropped, so it is never trained on.
 REDACTION_MARKER = "rlgate_redaction"

@@ -212,7 +212,7 @@ def serve_version(
     engine waits for the requests still using it). False: return once new requests go to
     the new version; the replaced one's live directory is removed (no engine can re-load
     it on demand) and ``"unloading"`` names it: a gateway's background unload
-    (gateway/unloads.py) or adapter sync round unloads it when its requests are done."""
+    (gateway/engines/unloads.py) or adapter sync round unloads it when its requests are done."""
     settings = settings or get_settings()
     factory = factory or db_factory(settings)
     if is_base(target):

@@ -16,13 +16,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from core.errors import APIError
-from gateway import admin_actions as actions
-from gateway.admin import queries
+from gateway.admin import actions, queries
+from gateway.admin.actions import ActionError
 from gateway.admin.auth import Ctx, api_ctx, project_for
 from gateway.admin.ops import act, db, decoder, recording_status
 from gateway.admin.params import LISTS, int_param, list_page, paging, q
-from gateway.admin_actions import ActionError
-from gateway.request_context import gw_of, read_json
+from gateway.routes.request_context import gw_of, read_json
 
 router = APIRouter(include_in_schema=False)
 
@@ -44,7 +43,7 @@ def action_errors(route: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
-    """The JSON object sent, checked as the client APIs' bodies are (gateway.request_context
+    """The JSON object sent, checked as the client APIs' bodies are (gateway.routes.request_context
     ``read_json``: a 400 for nesting past the limit, a NUL or a lone surrogate)."""
     raw = await request.body()
     if not raw.strip():
@@ -192,7 +191,8 @@ async def api_action(action: str, request: Request) -> JSONResponse:
 @router.get("/admin/api/unloads")
 async def api_unloads(request: Request) -> JSONResponse:
     """The background unloads of replaced versions still pending on this gateway: what
-    each waits for (``in_flight`` requests) and when it unloads anyway (gateway/unloads.py)."""
+    each waits for (``in_flight`` requests) and when it unloads anyway
+    (gateway/engines/unloads.py)."""
     ctx = await api_ctx(request)
     unloads = gw_of(request).unloads
     return JSONResponse({"items": unloads.pending(ctx.scope) if unloads is not None else []})

@@ -28,9 +28,9 @@ from typing import Any
 from fastapi import Request
 
 from core.errors import APIError
-from gateway.admin_actions import ActionError
-from gateway.auth import BOOTSTRAP_ADMIN_ID, Principal, presented_secret
-from gateway.request_context import gw_of
+from gateway.admin.actions import ActionError
+from gateway.edge.auth import BOOTSTRAP_ADMIN_ID, Principal, presented_secret
+from gateway.routes.request_context import gw_of
 from schemas.tables import ApiKeyRow
 
 COOKIE = "rlgate_admin"

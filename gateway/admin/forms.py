@@ -12,7 +12,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from core.errors import APIError
 from gateway.admin.auth import Ctx, cookie_ctx, csrf_ok
 from gateway.admin.render import render
-from gateway.boundary import pairs_error
+from gateway.edge.boundary import pairs_error
 
 
 def to_login(request: Request) -> RedirectResponse:
@@ -36,7 +36,7 @@ async def read_form(request: Request) -> dict[str, str]:
         pairs = urllib.parse.parse_qsl(raw.decode(), keep_blank_values=True)
     except UnicodeDecodeError:
         raise APIError(400, "the form is not valid UTF-8") from None
-    err = pairs_error(pairs, "form field")  # a NUL cannot be stored (gateway.boundary)
+    err = pairs_error(pairs, "form field")  # a NUL cannot be stored (gateway.edge.boundary)
     if err is not None:
         raise err
     return dict(pairs)

@@ -29,8 +29,8 @@ from gateway.admin.auth import (
 from gateway.admin.forms import form_ctx, read_form, safe_next
 from gateway.admin.params import q
 from gateway.admin.render import HERE, html, render
-from gateway.ratelimit import limiter_for, settings_of
-from gateway.request_context import gw_of
+from gateway.edge.ratelimit import limiter_for, settings_of
+from gateway.routes.request_context import gw_of
 
 router = APIRouter(include_in_schema=False)
 

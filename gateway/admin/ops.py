@@ -7,10 +7,10 @@ from typing import Any
 
 from fastapi import Request
 
-from gateway import admin_actions as actions
+from gateway.admin import actions
+from gateway.admin.actions import ActionError
 from gateway.admin.auth import Ctx, project_for
-from gateway.admin_actions import ActionError
-from gateway.request_context import gw_of
+from gateway.routes.request_context import gw_of
 
 ACTIONS = ("train-now", "pause", "resume", "promote", "rollback", "retire")
 
@@ -50,7 +50,7 @@ async def act(
     """An action, answered as soon as it took effect: a rollback or promote returns once
     new requests go to the new version (this gateway's cached pointer dropped here, the
     others' by core/serving_events.py or their cache's expiry); the replaced version is
-    unloaded in the background (gateway/unloads.py), its progress in ``"unload"``."""
+    unloaded in the background (gateway/engines/unloads.py), its progress in ``"unload"``."""
     out = await asyncio.to_thread(do_action, request, ctx, action, project, target)
     unloading = out.pop("unloading", None)
     if action in ("promote", "rollback") and out.get("changed"):

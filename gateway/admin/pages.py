@@ -19,15 +19,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from core.serving_version import is_base
-from gateway import admin_actions as actions
-from gateway.admin import charts, learning, login, queries
+from gateway.admin import actions, charts, learning, login, queries
+from gateway.admin.actions import ActionError
 from gateway.admin.auth import Ctx, project_for
 from gateway.admin.forms import back, form_ctx, page_ctx
 from gateway.admin.ops import act, db, decoder, recording_status
 from gateway.admin.params import list_page, paging, q
 from gateway.admin.render import html, render
-from gateway.admin_actions import ActionError
-from gateway.request_context import gw_of
+from gateway.routes.request_context import gw_of
 from schemas.atdp import RunStatus
 
 router = APIRouter(include_in_schema=False)

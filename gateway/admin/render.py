@@ -78,7 +78,7 @@ _UP = ("up", "thumbs_up", "true", "1")
 
 def _rating(value: Any, scale: str | None) -> str:
     """A rating's value as sent, a binary one as ``up`` or ``down`` (stored as the bool the
-    client's true/1/"up" or false/0/-1/"down" became: gateway/feedback.py)."""
+    client's true/1/"up" or false/0/-1/"down" became: gateway/routes/feedback.py)."""
     if scale != "binary":
         return _num(value)
     if isinstance(value, str):
@@ -97,7 +97,7 @@ def _qs(args: Any, **override: Any) -> str:
 
 
 env.filters.update(when=_when, num=_num, dur=_dur, tokbg=_tok_bg, plural=_plural, rating=_rating)
-# the binary scale's mapping, said where ratings are listed (gateway/feedback.py normalize)
+# the binary scale's mapping, said where ratings are listed (gateway/routes/feedback.py normalize)
 env.globals["binary_note"] = (
     'binary ratings show as up or down: up (true, 1, "up") is reward 1, down (false, 0, -1, '
     '"down") is reward -1, since rewards run from -1 to 1: a thumbs-down steers away from '

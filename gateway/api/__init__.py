@@ -11,17 +11,17 @@
   ``writer``, ``recorded``) and the FastAPI routes, each one call to it;
 - ``spec.py``: what the package registers (``spec.ApiSpec``): its router, model-call paths,
   error format, display translator and protocol. ``registry.py`` lists the packages;
-  gateway/app.py, gateway/errors.py, gateway/ratelimit.py and ``display.py`` read that
+  gateway/app.py, gateway/edge/errors.py, gateway/edge/ratelimit.py and ``display.py`` read that
   list and name no API's paths themselves.
 
 ``handler.py`` serves every model call the same way (validate -> to_internal -> prepare ->
 stream or respond); ``base.py`` holds what the translators share: validation errors,
 unknown-field rejection, tool-name and tool-schema checks, SSE encoding, key-kind checks.
-What an output limit means is gateway/output_limit.py's.
+What an output limit means is gateway/call/output_limit.py's.
 
 Adding a request field to an API that maps onto an existing internal field touches its
 ``protocol.py`` and ``translator.py`` only. A new sampling parameter also has to reach the
-engine and the record: ``gateway/request.py`` (``Sampling``), ``core/engine_protocol.py``
-(what is sent), ``gateway/generation.py`` (payload and record) and, to be recorded in its
+engine and the record: ``gateway/call/request.py`` (``Sampling``), ``core/engine_protocol.py``
+(what is sent), ``gateway/call/generation.py`` (payload and record) and, to be recorded in its
 own column, the data contract (``schemas/atdp.py``, ``schemas/tables.py``, a migration).
 """

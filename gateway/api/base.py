@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 import jsonschema
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from gateway.auth import require_model_key
-from gateway.errors import bad_request
-from gateway.pipeline import Prepared
-from gateway.request import Completion, GenerationRequest, Message, Sampling, Tool
+from gateway.call.pipeline import Prepared
+from gateway.call.request import Completion, GenerationRequest, Message, Sampling, Tool
+from gateway.edge.auth import require_model_key
+from gateway.edge.errors import bad_request
 
 __all__ = ["require_model_key"]
 

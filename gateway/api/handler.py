@@ -22,12 +22,12 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from core.errors import APIError
-from gateway.auth import Principal
-from gateway.client_agent import agent_of
-from gateway.pipeline import Pipeline, Prepared, StreamEvent
-from gateway.request import Completion, GenerationRequest
-from gateway.request_context import gw_of, headers_for, principal, read_json
-from gateway.retries import client_attempt
+from gateway.call.pipeline import Pipeline, Prepared, StreamEvent
+from gateway.call.request import Completion, GenerationRequest
+from gateway.edge.auth import Principal
+from gateway.edge.client_agent import agent_of
+from gateway.recording.retries import client_attempt
+from gateway.routes.request_context import gw_of, headers_for, principal, read_json
 from gateway.state import Gateway
 
 Hook = Callable[[list[Completion]], None]
@@ -172,13 +172,13 @@ async def open_call(request: Request) -> Call:
 class ApiHandler:
     """One API's model calls. ``handle`` is the whole route; a subclass gives its
     interaction id prefix, whether a client's output limit is an upper bound
-    (``FIT_MAX_TOKENS``, gateway/output_limit.py) and the hooks."""
+    (``FIT_MAX_TOKENS``, gateway/call/output_limit.py) and the hooks."""
 
     ID_PREFIX: ClassVar[str]
     FIT_MAX_TOKENS: ClassVar[bool] = False
-    OPERATION: ClassVar[str] = "chat"  # its calls' gen_ai.operation.name (gateway/tracing.py)
+    OPERATION: ClassVar[str] = "chat"  # its calls' gen_ai.operation.name (gateway/call/tracing.py)
 
-    trace: Any = None  # the call's span (gateway/tracing.py CallTrace) when traces are on
+    trace: Any = None  # the call's span (gateway/call/tracing.py CallTrace) when traces are on
 
     def __init__(self, call: Call) -> None:
         self.call = call

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from gateway.api.anthropic_messages.protocol import model_entry, models_body
-from gateway.request_context import gw_of, principal
+from gateway.routes.request_context import gw_of, principal
 
 router = APIRouter()
 

@@ -1,8 +1,9 @@
 """What an API package registers with the gateway (its ``spec.py`` exports ``API``, and
 ``registry.py`` lists them): the one place its routes, paths, error format, rate-limited
 model calls, dashboard translator and protocol name are named. gateway/app.py mounts the
-routers, gateway/errors.py and gateway/ratelimit.py read the specs from ``app.state.apis``,
-and ``display.py`` reads a stored request with the translator of the API that took it."""
+routers, gateway/edge/errors.py and gateway/edge/ratelimit.py read the specs from
+``app.state.apis``, and ``display.py`` reads a stored request with the translator of the
+API that took it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from gateway.errors import ErrorFormat
+from gateway.edge.errors import ErrorFormat
 from schemas.atdp import ClientProtocol
 
 Display = Callable[[dict[str, Any]], list[dict[str, Any]]]

@@ -8,7 +8,7 @@ Create Date: 2026-12-02
 (0 = none); a penalized sample's logprobs are not the policy's, so it is never trained on.
 ``attempt``: the client SDK's retry count of the request (``x-stainless-retry-count``);
 ``superseded_by``: on an answer the client never received, the id of the retry that
-replaced it (gateway/retries.py); such an orphan is never trained on (trainer/data.py).
+replaced it (gateway/recording/retries.py); such an orphan is never trained on (trainer/data.py).
 """
 
 from __future__ import annotations

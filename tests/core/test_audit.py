@@ -2,7 +2,7 @@
 its actor, project and details (SQLite and PostgreSQL).
 
 Key changes are checked through the CLI and through the functions the dashboard / admin
-API routes call (``gateway.admin_actions``); promotion and rollback through
+API routes call (``gateway.admin.actions``); promotion and rollback through
 ``trainer.publish.switch_serving``, which the CLI, the dashboard and the trainer's own
 publish all go through; deletion is the retention job (the only code that deletes
 recorded content; the admin API and dashboard have no delete routes).
@@ -17,7 +17,7 @@ from sqlalchemy import select
 
 from core.db import transaction
 from core.keys import ensure_project
-from gateway import admin_actions
+from gateway.admin import actions as admin_actions
 from rlgate.cli import main
 from schemas.coltypes import utcnow
 from schemas.convert import to_row

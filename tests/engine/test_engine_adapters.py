@@ -146,8 +146,8 @@ def test_syncs_load_serving_and_unload_retired(
     """The trainer's tick (publish.sync_engines) and a gateway's round (AdapterSync) make
     the same plan: an engine that lacks the serving version gets it from its live
     directory, and a retired version it still holds (an unload that missed it) goes."""
-    from gateway.adapter_sync import AdapterSync
-    from gateway.engine_client import EngineClient
+    from gateway.engines.adapter_sync import AdapterSync
+    from gateway.engines.engine_client import EngineClient
     from trainer import publish, serving_switch
 
     factory, _ = setup_db(sqlite_url, project=PROJECT)

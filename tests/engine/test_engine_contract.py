@@ -28,7 +28,7 @@ from core import engine_protocol as proto
 from core.engine_http import EngineHTTP
 from core.live_adapters import drop_live, make_live
 from core.regex_ebnf import ebnf_string, regex_to_ebnf
-from gateway.engine_client import EngineClient
+from gateway.engines.engine_client import EngineClient
 from tests.engine.conftest import Target
 
 pytestmark = pytest.mark.timeout(300)
@@ -213,7 +213,7 @@ def test_structured_output_json_schema(target: Target) -> None:
 
 
 def test_structural_tag_forces_tagged_json(target: Target) -> None:
-    """What forced tool calls send (gateway/forced_tools.py): one or more tagged values,
+    """What forced tool calls send (gateway/call/forced_tools.py): one or more tagged values,
     each valid against its own schema (the same ``$defs`` name, its own values), and
     nothing else; with ``stop_after_first`` exactly one."""
 
@@ -246,7 +246,7 @@ def test_structural_tag_forces_tagged_json(target: Target) -> None:
 
 
 def test_structural_tag_grammar_and_text_content(target: Target) -> None:
-    """What forced custom tool calls send (gateway/custom_tools.py): a tag whose content is
+    """What forced custom tool calls send (gateway/call/custom_tools.py): a tag whose content is
     an EBNF grammar (raw text: newlines and quotes need no escapes) or any text up to the
     end; and under a grammar admitting exactly the free greedy answer, the same tokens with
     logprobs of the masked distribution (renormalized: never lower, higher in sum)."""

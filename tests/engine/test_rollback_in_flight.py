@@ -2,8 +2,9 @@
 rollback to the base model through the admin API answers while the generation on the
 serving version v1 still streams, new calls go to the base model at once (no adapter),
 and v1 stays loaded in the engine until that generation ends, then is unloaded
-(gateway/unloads.py, after the gateway's lease on it: gateway/adapter_leases.py). One
-adapter slot only: the session's engine keeps the contract tests' adapters loaded.
+(gateway/engines/unloads.py, after the gateway's lease on it:
+gateway/engines/adapter_leases.py). One adapter slot only: the session's engine keeps the
+contract tests' adapters loaded.
 
 The long generation: structured output whose schema cannot end before 60 numbers, so
 the answer runs for well over a hundred tokens whatever the model would rather write

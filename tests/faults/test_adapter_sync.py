@@ -34,7 +34,7 @@ from sqlalchemy import select
 from core.db import transaction
 from core.live_adapters import make_live
 from core.settings import Settings
-from gateway.engine_client import EngineClient
+from gateway.engines.engine_client import EngineClient
 from schemas.tables import InteractionRow, PolicyVersionRow
 from tests.engine.conftest import LORA_TARGETS, _make_adapter
 from tests.faults.helpers import engine_adapters, setup_db, wait_rows

@@ -17,7 +17,7 @@ One scenario, in order (each step needs the one before):
    adapter (the dead one is skipped, trainer/publish.py);
 5. the killed engine is started again, without adapters: calls to both gateways all
    succeed on the serving version, the gateways load it into the restarted engine
-   (gateway/adapter_sync.py, before the trainer's tick would), and it serves again.
+   (gateway/engines/adapter_sync.py, before the trainer's tick would), and it serves again.
 
 The figures are printed (``-s``); bench/README.md quotes one run.
 """
@@ -262,7 +262,7 @@ def test_two_engines_two_gateways_two_workers(pg_url: str, tmp_path: Path) -> No
                 assert r.headers["x-rlgate-policy-version"] == version.name
 
         # 5. the killed engine restarts, without adapters: the gateways load the serving
-        # one into it (gateway/adapter_sync.py) and no call is served without it
+        # one into it (gateway/engines/adapter_sync.py) and no call is served without it
         victim_url = stack.engine_urls[0]
         assert victim.proc.poll() is not None
         env = {
@@ -289,7 +289,8 @@ def test_two_engines_two_gateways_two_workers(pg_url: str, tmp_path: Path) -> No
                     loaded_s = time.monotonic() - t_back
                 time.sleep(0.5)
         assert loaded_s is not None, "the restarted engine never got the serving adapter"
-        # loaded by a gateway's adapter sync (gateway/adapter_sync.py), not the trainer's tick
+        # loaded by a gateway's adapter sync (gateway/engines/adapter_sync.py), not the
+        # trainer's tick
         loads = f"loaded serving adapter {version.name} into {victim_url}"
         gateway_logs = [
             by_name[g].log.read_text(errors="replace") for g in ("gateway1", "gateway2")

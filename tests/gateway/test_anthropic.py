@@ -20,11 +20,11 @@ from transformers import AutoTokenizer
 from gateway.api.anthropic_messages import translator as am
 from gateway.api.anthropic_messages.stream import MessagesStream
 from gateway.api.handler import write_stream
-from gateway.auth import Principal
-from gateway.output_limit import OutputLimit, output_limit
-from gateway.pipeline import Prepared, StreamEvent
-from gateway.request import Completion, ToolCallOut
-from gateway.sessions import SessionContext
+from gateway.call.output_limit import OutputLimit, output_limit
+from gateway.call.pipeline import Prepared, StreamEvent
+from gateway.call.request import Completion, ToolCallOut
+from gateway.call.sessions import SessionContext
+from gateway.edge.auth import Principal
 from tests.gateway.helpers import counts, run_in_fresh_loop, wait_recorded
 
 SYSTEM = "You are a terse assistant."

@@ -1,6 +1,6 @@
 """Each client API registers itself (gateway/api/spec.py): its paths, model calls, error
 format, display translator and protocol come from its package, and the gateway's shared
-modules name none of them. What an output limit means is gateway/output_limit.py's."""
+modules name none of them. What an output limit means is gateway/call/output_limit.py's."""
 
 from __future__ import annotations
 
@@ -14,13 +14,18 @@ from core.errors import APIError
 from gateway.api.display import request_messages
 from gateway.api.registry import APIS
 from gateway.app import install_error_handlers
-from gateway.errors import OPENAI, error_format
-from gateway.output_limit import OutputLimit, output_limit
-from gateway.ratelimit import model_paths
+from gateway.call.output_limit import OutputLimit, output_limit
+from gateway.edge.errors import OPENAI, error_format
+from gateway.edge.ratelimit import model_paths
 from schemas.atdp import ClientProtocol
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED = ("gateway/app.py", "gateway/errors.py", "gateway/ratelimit.py", "gateway/api/display.py")
+SHARED = (
+    "gateway/app.py",
+    "gateway/edge/errors.py",
+    "gateway/edge/ratelimit.py",
+    "gateway/api/display.py",
+)
 
 
 def test_each_api_has_its_protocol_prefix_and_model_routes() -> None:

@@ -1,5 +1,5 @@
 """The sessions list's agent for the clients that name themselves only in headers (issue
-38, item 9): gateway/client_agent.py maps the headers Claude Code, Codex and OpenClaw (with
+38, item 9): gateway/edge/client_agent.py maps the headers Claude Code, Codex and OpenClaw (with
 the template rlgate ships) send to ``claude-code``, ``codex``, ``openclaw``; the gateway
 stores it as the new session's ``agent_name`` unless the call's ``metadata.agent_name``
 says otherwise. Unit cases, then the real gateway before a fake engine."""
@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import select
 
 from core.db import make_engine, session_factory
-from gateway.client_agent import CLAUDE_CODE, CODEX, OPENCLAW, agent_of
+from gateway.edge.client_agent import CLAUDE_CODE, CODEX, OPENCLAW, agent_of
 from schemas.tables import InteractionRow, SessionRow
 from tests.gateway.fake_engine import FastStack, fast_stack
 

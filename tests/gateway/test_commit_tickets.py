@@ -1,4 +1,4 @@
-"""Commit tickets (gateway.commits): the recorder tells a request when its records are in
+"""Commit tickets (gateway.recording.commits): the recorder tells a request when its records are in
 the database, and never holds it while the database is unreachable.
 
 In-process recorders on a real database (SQLite file and PostgreSQL), and one on a
@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from core.db import make_engine, session_factory, transaction
 from core.keys import ensure_project
-from gateway.recorder import Recorder
+from gateway.recording.recorder import Recorder
 from schemas.tables import InteractionRow, SessionRow
 from tests.gateway.records import entry, iid
 from tests.servers import free_port

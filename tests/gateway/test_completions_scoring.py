@@ -21,7 +21,7 @@ from sqlalchemy import select
 from core.db import make_engine, session_factory
 from core.engine_protocol import SGLANG_VERSION
 from core.migrate import upgrade
-from gateway.templating import load_tokenizer
+from gateway.call.templating import load_tokenizer
 from schemas.tables import InteractionRow
 from tests.gateway.conftest import Stack
 from tests.gateway.fake_engine import in_process_gateway

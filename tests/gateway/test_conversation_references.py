@@ -38,7 +38,7 @@ def test_include_values_are_openais(stack):  # type: ignore[no-untyped-def]
 
 
 def test_item_reference_is_the_item_it_names(stack, model_dir):  # type: ignore[no-untyped-def]
-    from gateway.templating import load_tokenizer
+    from gateway.call.templating import load_tokenizer
 
     key = stack.key()
     c = _http(stack, key)

@@ -1,4 +1,4 @@
-"""Responses ``custom`` tools (gateway/custom_tools.py): free-form input, in a Lark or
+"""Responses ``custom`` tools (gateway/call/custom_tools.py): free-form input, in a Lark or
 regex grammar or plain text.
 
 On both engines (the embedded engine and real SGLang, each behind its own gateway, the
@@ -28,10 +28,10 @@ from core.engine_protocol import SGLANG_VERSION
 from core.migrate import upgrade
 from engine.grammar import GrammarCompiler
 from gateway.api.openai_responses.translator import parse_tools
-from gateway.forced_tools import forced_grammar
-from gateway.parsing import HermesToolParser, StreamingParser
-from gateway.request import GenerationRequest, Message, ToolCallOut
-from gateway.templating import ChatRenderer, call_text, load_tokenizer
+from gateway.call.forced_tools import forced_grammar
+from gateway.call.parsing import HermesToolParser, StreamingParser
+from gateway.call.request import GenerationRequest, Message, ToolCallOut
+from gateway.call.templating import ChatRenderer, call_text, load_tokenizer
 from tests.core.test_lark_ebnf import lark_accepts
 from tests.gateway.conftest import Stack
 from tests.gateway.fake_engine import in_process_gateway

@@ -1,4 +1,4 @@
-"""A forced tool call cut by the output limit (gateway/cut_calls.py) is still a call, on
+"""A forced tool call cut by the output limit (gateway/call/cut_calls.py) is still a call, on
 both engines (the embedded engine and real SGLang, the session's ``sglang``), each behind
 its own gateway on SQLite, with the packaged model.
 
@@ -26,9 +26,9 @@ import pytest
 from core.db import make_engine, session_factory
 from core.engine_protocol import SGLANG_VERSION
 from core.migrate import upgrade
-from gateway.cut_calls import cut_calls
-from gateway.partial_json import parse_partial
-from gateway.request import CustomFormat, Tool
+from gateway.call.cut_calls import cut_calls
+from gateway.call.partial_json import parse_partial
+from gateway.call.request import CustomFormat, Tool
 from tests.gateway.conftest import Stack
 from tests.gateway.fake_engine import in_process_gateway
 from tests.gateway.helpers import wait_recorded

@@ -1,4 +1,5 @@
-"""The recorder survives records the database refuses (gateway.recorder, gateway.dead_letters).
+"""The recorder survives records the database refuses (gateway.recording.recorder,
+gateway.recording.dead_letters).
 
 In-process recorders on a real database (SQLite file and PostgreSQL): refused records go
 to the dead-letter file and are counted, everything else is written; orphan spool
@@ -21,7 +22,7 @@ from sqlalchemy import select
 from core.db import make_engine, session_factory, transaction
 from core.errors import APIError
 from core.keys import ensure_project
-from gateway.recorder import Recorder
+from gateway.recording.recorder import Recorder
 from schemas.tables import InteractionRow, SessionRow
 from tests.gateway.records import entry, iid
 

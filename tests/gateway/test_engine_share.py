@@ -1,4 +1,4 @@
-"""A fair share of the engines (issue 36, finding 7; gateway/engine_share.py): one project
+"""A fair share of the engines (issue 36, finding 7; gateway/engines/engine_share.py): one project
 that fills an engine's in-flight slots cannot keep another project waiting behind its
 backlog. Each engine request holds a slot (a Completions call of prompts x n holds that
 many); when all are held, requests wait in their project's queue and each freed slot goes
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from core.settings import Settings
-from gateway.engine_share import FairSlots
+from gateway.engines.engine_share import FairSlots
 from tests.gateway.fake_engine import FastStack, fast_stack
 
 pytestmark = pytest.mark.timeout(300)

@@ -29,9 +29,9 @@ from core.keys import create_key
 from core.migrate import upgrade
 from core.settings import Settings
 from gateway.app import create_app
-from gateway.request import Message
+from gateway.call.request import Message
+from gateway.call.templating import MIN_PROMPT_CHARS
 from gateway.state import Gateway
-from gateway.templating import MIN_PROMPT_CHARS
 from tests.servers import Proc, free_port, packaged_model_dir
 
 BODY_LIMIT = 4 * 1024 * 1024  # the default of RLGATE_MAX_BODY_BYTES
@@ -296,7 +296,7 @@ def test_deeply_nested_json_is_400(live: Live, depth: int) -> None:
 def test_an_output_limit_that_does_not_fit_renders_the_prompt_once(live: Live) -> None:
     """Anthropic's max_tokens is an upper bound (Claude Code asks for 32000 whatever the
     context): such a call is answered from one render of its prompt, the output limit
-    being what the context leaves (gateway/output_limit.py), not from a second render
+    being what the context leaves (gateway/call/output_limit.py), not from a second render
     after a refusal."""
     renderer = live.gw.pipeline.renderer
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from core.errors import APIError
-from gateway.feedback import MAX_ABS, _clip, normalize, parse_feedback
+from gateway.routes.feedback import MAX_ABS, _clip, normalize, parse_feedback
 
 
 @pytest.mark.parametrize(

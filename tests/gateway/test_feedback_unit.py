@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.errors import APIError
-from gateway.feedback import normalize, parse_feedback
+from gateway.routes.feedback import normalize, parse_feedback
 
 
 @pytest.mark.parametrize(
@@ -163,7 +163,7 @@ def test_close_session_on_first_session_rating(migrated_db):
     (and settles credit); interaction ratings do not close it."""
     from core.feedback import Scope
     from core.keys import ensure_project
-    from gateway.feedback import submit_feedback
+    from gateway.routes.feedback import submit_feedback
     from schemas.coltypes import utcnow
     from schemas.convert import to_row
     from schemas.tables import InteractionRow, SessionRow

@@ -1,4 +1,4 @@
-"""Forced tool calls (gateway/forced_tools.py), on both engines: the embedded engine and
+"""Forced tool calls (gateway/call/forced_tools.py), on both engines: the embedded engine and
 real SGLang (the session's server, tests/conftest.py ``sglang``), each behind its own
 gateway on SQLite, with the packaged model (which never calls a tool on its own).
 
@@ -30,10 +30,10 @@ from core.engine_protocol import SGLANG_VERSION
 from core.errors import APIError
 from core.migrate import upgrade
 from engine.grammar import GrammarCompiler
-from gateway.forced_tools import forced_grammar
-from gateway.parsing import TOOL_PARSERS
-from gateway.request import GenerationRequest, Tool
-from gateway.templating import load_tokenizer
+from gateway.call.forced_tools import forced_grammar
+from gateway.call.parsing import TOOL_PARSERS
+from gateway.call.request import GenerationRequest, Tool
+from gateway.call.templating import load_tokenizer
 from tests.gateway.conftest import Stack
 from tests.gateway.fake_engine import in_process_gateway
 from tests.gateway.helpers import interactions, wait_recorded

@@ -1,4 +1,4 @@
-"""Per-key rate limits (gateway/ratelimit.py) on both backends: the in-process buckets and
+"""Per-key rate limits (gateway/edge/ratelimit.py) on both backends: the in-process buckets and
 the real Redis on 127.0.0.1:6379 (a fresh key prefix per test). The middleware runs on a
 small FastAPI app with the gateway's own error handlers and settings."""
 
@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from core.settings import Settings
 from gateway.app import install_error_handlers
-from gateway.ratelimit import MemoryLimiter, RateLimitMiddleware, RedisLimiter
+from gateway.edge.ratelimit import MemoryLimiter, RateLimitMiddleware, RedisLimiter
 
 pytestmark = pytest.mark.anyio
 

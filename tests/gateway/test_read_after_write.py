@@ -12,7 +12,7 @@ answer is complete (the JSON body, or the stream's last event) they use its ids 
 
 Both gateways run with ``RLGATE_UNKNOWN_ID_WAIT_S=0``: the other replica never polls for
 an id it does not find, so what is checked is that the answer was released only after the
-rows it names were committed (gateway.recorder commit tickets). The expectation: zero
+rows it names were committed (gateway.recording.recorder commit tickets). The expectation: zero
 404s, and every rating stored.
 """
 

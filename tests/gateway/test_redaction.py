@@ -1,4 +1,4 @@
-"""Redaction before storage (gateway/redaction.py).
+"""Redaction before storage (gateway/recording/redaction.py).
 
 Unit checks of the redactor and the pattern validation, then the real gateway (embedded
 engine, packaged model) on SQLite and PostgreSQL: a project with redaction on stores no
@@ -20,7 +20,7 @@ from core.db import transaction
 from core.keys import create_key
 from core.redaction_patterns import RedactionConfigError, check_pattern
 from core.settings import Settings, get_settings
-from gateway.redaction import MARKER, RedactionPolicy, Redactor
+from gateway.recording.redaction import MARKER, RedactionPolicy, Redactor
 from rlgate.cli import main
 from schemas.tables import InteractionRow, ProjectRow
 from tests.gateway.helpers import run_in_fresh_loop, wait_recorded

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-import gateway.pipeline
+import gateway.call.pipeline
 from tests.gateway.fake_engine import FastStack, fast_stack
 from tests.grammar_bombs import BOMBS
 from tests.grammar_bombs import custom_tool_body as _body
@@ -93,13 +93,13 @@ def test_grammars_are_read_on_the_render_pool(
     """The tools' grammars are read and converted on the render pool's threads, never on
     the event loop's."""
     threads: list[str] = []
-    real = gateway.pipeline.tool_grammar
+    real = gateway.call.pipeline.tool_grammar
 
     def spy(*args: Any) -> Any:
         threads.append(threading.current_thread().name)
         return real(*args)
 
-    monkeypatch.setattr(gateway.pipeline, "tool_grammar", spy)
+    monkeypatch.setattr(gateway.call.pipeline, "tool_grammar", spy)
     r = fast.post("/v1/responses", _body("regex", "[a-z]{1,8}", forced=True))
     assert r.status_code == 200, r.text[:500]
     assert len(threads) == 1 and threads[0].startswith("rlgate-render"), threads

@@ -15,11 +15,11 @@ from transformers import AutoTokenizer
 from gateway.api.handler import write_stream
 from gateway.api.openai_responses import translator as oresp
 from gateway.api.openai_responses.stream import ResponsesStream
-from gateway.auth import Principal
-from gateway.output_limit import OutputLimit
-from gateway.pipeline import Prepared, StreamEvent
-from gateway.request import Completion, ToolCallOut
-from gateway.sessions import SessionContext
+from gateway.call.output_limit import OutputLimit
+from gateway.call.pipeline import Prepared, StreamEvent
+from gateway.call.request import Completion, ToolCallOut
+from gateway.call.sessions import SessionContext
+from gateway.edge.auth import Principal
 from tests.gateway.helpers import counts, run_in_fresh_loop, wait_recorded
 
 Q = "What is the capital of France? Answer in one word."

@@ -1,4 +1,4 @@
-"""Storability checks (gateway.storable), the O(n) session stitching hashes, the byte
+"""Storability checks (gateway.edge.storable), the O(n) session stitching hashes, the byte
 bound of the Responses store and the classification of database errors. No servers."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from sqlalchemy.exc import DataError, IntegrityError, InterfaceError, Operationa
 
 from core.errors import APIError
 from gateway.api.openai_responses.store import ResponseStore
-from gateway.dead_letters import refused_for_content
-from gateway.request import Message, ToolCallOut
-from gateway.sessions import conversation_hash, prefix_hashes
-from gateway.storable import MAX_DEPTH, bounded_str, check_body, check_session_fields
+from gateway.call.request import Message, ToolCallOut
+from gateway.call.sessions import conversation_hash, prefix_hashes
+from gateway.edge.storable import MAX_DEPTH, bounded_str, check_body, check_session_fields
+from gateway.recording.dead_letters import refused_for_content
 
 
 def _old_prefix_hashes(messages: list[Message]) -> list[str]:

@@ -35,8 +35,8 @@ from gateway.api.openai_chat.stream import ChatStream
 from gateway.api.openai_completions.stream import CompletionStream
 from gateway.api.openai_responses.stream import ResponsesStream
 from gateway.api.registry import APIS
-from gateway.errors import OPENAI
-from gateway.request import Sampling
+from gateway.call.request import Sampling
+from gateway.edge.errors import OPENAI
 from tests.gateway.conftest import Stack
 from tests.gateway.fake_engine import in_process_gateway
 from tests.gateway.helpers import wait_recorded

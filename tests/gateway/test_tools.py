@@ -17,9 +17,14 @@ import torch
 
 from core.db import transaction
 from core.keys import ensure_project
-from gateway.parsing import HermesToolParser, Llama3JsonToolParser, StreamingParser, parse_output
-from gateway.request import Message, Tool
-from gateway.templating import ChatRenderer, load_tokenizer
+from gateway.call.parsing import (
+    HermesToolParser,
+    Llama3JsonToolParser,
+    StreamingParser,
+    parse_output,
+)
+from gateway.call.request import Message, Tool
+from gateway.call.templating import ChatRenderer, load_tokenizer
 from schemas.coltypes import utcnow
 from schemas.tables import PolicyVersionRow
 from tests.gateway.helpers import wait_recorded

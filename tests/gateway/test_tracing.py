@@ -1,4 +1,4 @@
-"""OpenTelemetry traces of model calls (issue 41, item 2; gateway/tracing.py): a real OTLP
+"""OpenTelemetry traces of model calls (issue 41, item 2; gateway/call/tracing.py): a real OTLP
 receiver on loopback (tests/gateway/otlp_receiver.py, the protocol's own protobuf
 messages) gets the spans a real gateway exports, with the GenAI attributes, the child
 spans for the engine and the recording, and the caller's ``traceparent`` as parent. No
@@ -328,14 +328,14 @@ def test_a_dead_collector_never_fails_or_holds_a_call(
 
 def test_without_an_endpoint_no_opentelemetry_sdk_is_loaded() -> None:
     """The gateway's modules and a gateway built without RLGATE_OTLP_ENDPOINT import
-    neither gateway.tracing nor OpenTelemetry's SDK or exporter (FastAPI itself imports
+    neither gateway.call.tracing nor OpenTelemetry's SDK or exporter (FastAPI itself imports
     the OpenTelemetry API)."""
     code = (
         "import sys\n"
-        "import gateway.app, gateway.api.registry, gateway.pipeline, gateway.api.handler\n"
+        "import gateway.app, gateway.api.registry, gateway.call.pipeline, gateway.api.handler\n"
         "from core.settings import Settings\n"
         "assert gateway.app.build_tracing(Settings()) is None\n"
-        "bad = [m for m in sys.modules if m == 'gateway.tracing' or\n"
+        "bad = [m for m in sys.modules if m == 'gateway.call.tracing' or\n"
         "       m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter'))]\n"
         "assert not bad, bad\n"
     )
@@ -356,13 +356,13 @@ def test_an_endpoint_without_the_package_is_a_config_error(
 ) -> None:
     from gateway.app import build_tracing
 
-    monkeypatch.setitem(sys.modules, "gateway.tracing", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "gateway.call.tracing", None)  # as if not installed
     with pytest.raises(ConfigError, match=r"rlgate\[otel\]"):
         build_tracing(Settings(otlp_endpoint="http://127.0.0.1:4318"))
 
 
 def test_the_endpoint_setting() -> None:
-    from gateway.tracing import traces_url
+    from gateway.call.tracing import traces_url
 
     assert traces_url("http://c:4318") == "http://c:4318/v1/traces"
     assert traces_url("http://c:4318/") == "http://c:4318/v1/traces"

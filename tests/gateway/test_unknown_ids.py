@@ -18,7 +18,7 @@ import pytest
 from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
 from core.migrate import upgrade
-from gateway.waits import WaitSlots
+from gateway.routes.waits import WaitSlots
 from tests.gateway.helpers import run_in_fresh_loop
 from tests.servers import Proc, free_port, gateway
 

@@ -2,8 +2,8 @@
 UTF-16 surrogate cannot be stored, and used to reach the database from the admin API's
 bodies and from ids in URL paths; deeply nested JSON in an admin body raised a
 RecursionError. Now the admin API checks its JSON bodies as the client APIs do
-(gateway/storable.py: a 400 naming the field) and a NUL in a URL path or query string
-is refused before any route runs (gateway/body_limit.py: 404 for a path, since no id holds
+(gateway/edge/storable.py: a 400 naming the field) and a NUL in a URL path or query string
+is refused before any route runs (gateway/edge/body_limit.py: 404 for a path, since no id holds
 a NUL; 400 naming the query parameter).
 
 A live gateway on PostgreSQL with the real engine, the bootstrap admin key (it may act

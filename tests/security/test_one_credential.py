@@ -4,7 +4,7 @@ the first), so a limited key got 8x200 instead of 3x200 then 429s, and the concu
 cap let every call through. Now a request with several ``Authorization`` headers,
 several ``x-api-key`` headers, or the two naming different keys is a 400 in the client's
 error format, and the limiter and authentication read the same key
-(gateway/credentials.py).
+(gateway/edge/credentials.py).
 
 The request-rate part runs against a live gateway on PostgreSQL with the real engine;
 the concurrency part on the real middleware in process, where a stream can be held open
@@ -24,8 +24,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from core.settings import Settings
 from gateway.app import install_error_handlers
-from gateway.auth import presented_secret
-from gateway.ratelimit import MemoryLimiter, RateLimitMiddleware
+from gateway.edge.auth import presented_secret
+from gateway.edge.ratelimit import MemoryLimiter, RateLimitMiddleware
 from tests.gateway.conftest import engine, model_dir, session_pg_url  # noqa: F401
 from tests.security.live import Live, pg_gateway
 

@@ -97,8 +97,8 @@ def test_no_list_means_no_router_worker(servers, caplog) -> None:  # type: ignor
 
 def test_gateway_sync_reaches_only_the_named_workers(servers, sqlite_url, caplog) -> None:  # type: ignore[no-untyped-def]
     from core.db import transaction
-    from gateway.adapter_sync import AdapterSync
-    from gateway.engine_client import EngineClient
+    from gateway.engines.adapter_sync import AdapterSync
+    from gateway.engines.engine_client import EngineClient
     from schemas.tables import PolicyVersionRow
     from tests.faults.helpers import setup_db
 

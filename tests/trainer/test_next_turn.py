@@ -2,7 +2,7 @@
 the rule classifier on each label and on neutral messages; the next-turn task's body on a
 migrated SQLite database (PostgreSQL where marked) rating the earlier answer while the
 session is open, idempotent on a redelivery, and nothing at the close; the gateway's
-dispatch (gateway/next_turn.py) and the recorder's hand-over of the turns it committed."""
+dispatch (gateway/recording/next_turn.py) and the recorder's hand-over of the turns it committed."""
 
 from __future__ import annotations
 
@@ -258,8 +258,8 @@ def test_pairs_across_api_shapes(factory: Any) -> None:
 
 
 def test_the_dispatch_queues_only_for_projects_with_a_next_turn_source(factory: Any) -> None:
-    from gateway.next_turn import NextTurnDispatch
-    from gateway.record_batch import Followup
+    from gateway.recording.next_turn import NextTurnDispatch
+    from gateway.recording.record_batch import Followup
 
     with factory() as db, db.begin():
         ensure_project(db, "rules").settings = RULES
@@ -287,7 +287,7 @@ def test_the_recorder_hands_over_committed_follow_up_turns(factory: Any, tmp_pat
     choice of n > 1 are not."""
     import asyncio
 
-    from gateway.recorder import Recorder
+    from gateway.recording.recorder import Recorder
 
     with factory() as db, db.begin():
         ensure_project(db, "p1")

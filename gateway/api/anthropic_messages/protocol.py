@@ -9,8 +9,8 @@ from pydantic import Field
 
 from core.errors import APIError
 from gateway.api.base import Loose
-from gateway.errors import ErrorFormat
-from gateway.partial_json import parse_partial
+from gateway.call.partial_json import parse_partial
+from gateway.edge.errors import ErrorFormat
 
 # blocks the served model cannot read (it reads text)
 MEDIA_BLOCKS = ("image", "document", "search_result", "container_upload")
@@ -56,8 +56,8 @@ IGNORED = {
 
 def tool_input(arguments: str, cut: bool = False) -> dict[str, Any]:
     """A tool call's arguments as the object ``tool_use.input`` must be. A call cut by the
-    output limit (gateway/cut_calls.py) has its arguments read as far as they parse, as
-    Anthropic answers a ``tool_use`` cut by ``max_tokens`` (gateway/partial_json.py);
+    output limit (gateway/call/cut_calls.py) has its arguments read as far as they parse, as
+    Anthropic answers a ``tool_use`` cut by ``max_tokens`` (gateway/call/partial_json.py);
     a custom tool's cut input (raw text) stays text."""
     if cut:
         value = parse_partial(arguments)

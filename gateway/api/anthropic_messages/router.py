@@ -17,9 +17,9 @@ from gateway.api.anthropic_messages import translator
 from gateway.api.anthropic_messages.stream import MessagesStream
 from gateway.api.base import require_model_key
 from gateway.api.handler import ApiHandler, StreamWriter
-from gateway.pipeline import Prepared
-from gateway.request import Completion, GenerationRequest
-from gateway.request_context import gw_of, principal, read_json
+from gateway.call.pipeline import Prepared
+from gateway.call.request import Completion, GenerationRequest
+from gateway.routes.request_context import gw_of, principal, read_json
 
 router = APIRouter()
 

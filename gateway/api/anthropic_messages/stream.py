@@ -11,8 +11,8 @@ from core.errors import APIError
 from gateway.api.anthropic_messages.protocol import ERRORS, message_json, tool_input, usage_json
 from gateway.api.anthropic_messages.translator import stop_info
 from gateway.api.base import sse_event, token_ids
-from gateway.pipeline import Prepared, StreamEvent
-from gateway.request import Completion, ToolCallOut
+from gateway.call.pipeline import Prepared, StreamEvent
+from gateway.call.request import Completion, ToolCallOut
 
 PING_EVERY_S = 10
 

@@ -36,10 +36,10 @@ from gateway.api.anthropic_messages.protocol import (
     tool_input,
     usage_json,
 )
-from gateway.errors import bad_request
-from gateway.pipeline import Prepared
-from gateway.request import Completion, GenerationRequest, Message, Sampling, Tool, ToolCallOut
-from gateway.structured import anthropic_format
+from gateway.call.pipeline import Prepared
+from gateway.call.request import Completion, GenerationRequest, Message, Sampling, Tool, ToolCallOut
+from gateway.call.structured import anthropic_format
+from gateway.edge.errors import bad_request
 from schemas.atdp import ClientProtocol
 
 PROTOCOL = ClientProtocol.anthropic_messages
@@ -316,11 +316,11 @@ def stop_info(prep: Prepared, c: Completion, tokenizer: Any) -> tuple[str, str |
 
     A cut at the output limit is ``max_tokens`` only when the client's own ``max_tokens``
     was reached. One that did not fit the context (Claude Code asks for 32000) is an upper
-    bound here (gateway/output_limit.py): a cut at the end of the context is
+    bound here (gateway/call/output_limit.py): a cut at the end of the context is
     ``model_context_window_exceeded``, a cut by the gateway's RLGATE_DEFAULT_MAX_TOKENS is
     ``end_turn`` (Claude Code treats both others as a failed turn; the record keeps
     finish_reason ``length``), as Responses reports ``completed`` then."""
-    if c.finish_reason == "length":  # a forced turn's cut call too (gateway/cut_calls.py)
+    if c.finish_reason == "length":  # a forced turn's cut call too (gateway/call/cut_calls.py)
         return _LENGTH_REASONS[prep.limit.by], None
     if c.tool_calls:
         return "tool_use", None

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from gateway.api.base import Loose
-from gateway.request import Completion, ToolCallOut
+from gateway.call.request import Completion, ToolCallOut
 
 MAX_N = 8
 

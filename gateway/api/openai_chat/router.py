@@ -10,8 +10,8 @@ from fastapi.responses import Response
 from gateway.api.handler import ApiHandler, StreamWriter
 from gateway.api.openai_chat import translator
 from gateway.api.openai_chat.stream import ChatStream
-from gateway.pipeline import Prepared
-from gateway.request import Completion, GenerationRequest
+from gateway.call.pipeline import Prepared
+from gateway.call.request import Completion, GenerationRequest
 
 router = APIRouter()
 

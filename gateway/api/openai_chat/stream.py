@@ -9,9 +9,9 @@ from core.errors import APIError
 from gateway.api.base import sse_data, token_ids
 from gateway.api.openai_chat.protocol import calls_usage, chunk_choice, tool_call_json
 from gateway.api.openai_chat.translator import logprobs_content
-from gateway.errors import OPENAI
-from gateway.pipeline import Prepared, StreamEvent
-from gateway.request import Completion
+from gateway.call.pipeline import Prepared, StreamEvent
+from gateway.call.request import Completion
+from gateway.edge.errors import OPENAI
 
 DONE = b"data: [DONE]\n\n"  # the terminator of OpenAI's chunk streams
 

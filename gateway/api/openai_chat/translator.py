@@ -15,9 +15,8 @@ from gateway.api.openai_chat.protocol import (
     calls_usage,
     tool_call_json,
 )
-from gateway.errors import bad_request
-from gateway.pipeline import Prepared
-from gateway.request import (
+from gateway.call.pipeline import Prepared
+from gateway.call.request import (
     Completion,
     GenerationRequest,
     Message,
@@ -25,8 +24,9 @@ from gateway.request import (
     Tool,
     ToolCallOut,
 )
-from gateway.structured import openai_format
-from gateway.templating import check_template_kwargs
+from gateway.call.structured import openai_format
+from gateway.call.templating import check_template_kwargs
+from gateway.edge.errors import bad_request
 from schemas.atdp import ClientProtocol
 
 PROTOCOL = ClientProtocol.openai_chat

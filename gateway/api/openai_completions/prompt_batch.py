@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.api.handler import open_stream, replay
-from gateway.pipeline import Pipeline, Prepared, StreamEvent
-from gateway.request import Completion
+from gateway.call.pipeline import Pipeline, Prepared, StreamEvent
+from gateway.call.request import Completion
 
 Opened = tuple[Any, StreamEvent | None]  # a prompt's event stream and its first event
 

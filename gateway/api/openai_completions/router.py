@@ -13,9 +13,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from core.errors import APIError
 from gateway.api.handler import ApiHandler
 from gateway.api.openai_completions import prompt_batch, stream, translator
-from gateway.pipeline import Prepared
-from gateway.request import GenerationRequest
-from gateway.request_context import headers_for
+from gateway.call.pipeline import Prepared
+from gateway.call.request import GenerationRequest
+from gateway.routes.request_context import headers_for
 
 router = APIRouter()
 

@@ -16,8 +16,8 @@ from gateway.api.openai_chat.stream import OpenAIStream
 from gateway.api.openai_completions import prompt_batch
 from gateway.api.openai_completions.protocol import choice_json
 from gateway.api.openai_completions.translator import echoed, logprobs_json
-from gateway.pipeline import Pipeline, Prepared, StreamEvent
-from gateway.request import Completion
+from gateway.call.pipeline import Pipeline, Prepared, StreamEvent
+from gateway.call.request import Completion
 
 
 class CompletionStream(OpenAIStream):
@@ -111,7 +111,7 @@ async def body(
             cs.sort(key=lambda c: c.index)
         await pipeline.record_many(list(zip(writer.preps, finished, strict=True)))
     except Exception as e:  # noqa: BLE001 - every failure ends the stream in its format
-        if writer.preps[0].trace is not None:  # the call's span (gateway/tracing.py)
+        if writer.preps[0].trace is not None:  # the call's span (gateway/call/tracing.py)
             writer.preps[0].trace.fail(e)
         for chunk in writer.error(stream_failure(e)):
             yield chunk

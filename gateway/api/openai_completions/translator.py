@@ -15,9 +15,9 @@ from gateway.api.openai_completions.protocol import (
     CompletionRequest,
     choice_json,
 )
-from gateway.errors import bad_request
-from gateway.pipeline import Prepared
-from gateway.request import Completion, GenerationRequest, Message, Sampling
+from gateway.call.pipeline import Prepared
+from gateway.call.request import Completion, GenerationRequest, Message, Sampling
+from gateway.edge.errors import bad_request
 from schemas.atdp import ClientProtocol
 
 PROTOCOL = ClientProtocol.openai_completions

@@ -20,7 +20,7 @@ from fastapi import Request
 
 from gateway.api.openai_responses.protocol import new_id
 from gateway.api.openai_responses.translator import parse_input
-from gateway.errors import bad_request
+from gateway.edge.errors import bad_request
 
 PREFIX = {
     "message": "msg",

@@ -18,9 +18,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.errors import APIError
 from gateway.api.openai_responses.conversation_items import ListParams, page
-from gateway.auth import Principal
-from gateway.errors import bad_request
-from gateway.redaction import RedactionPolicy
+from gateway.edge.auth import Principal
+from gateway.edge.errors import bad_request
+from gateway.recording.redaction import RedactionPolicy
 from schemas.coltypes import utcnow
 from schemas.tables import ConversationItemRow, ConversationRow
 

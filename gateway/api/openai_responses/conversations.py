@@ -46,10 +46,10 @@ from gateway.api.openai_responses.conversation_store import (
     check_metadata,
 )
 from gateway.api.openai_responses.translator import parse_input
-from gateway.auth import Principal, require_kind
-from gateway.errors import bad_request
-from gateway.request import Message
-from gateway.request_context import gw_of, principal, read_json
+from gateway.call.request import Message
+from gateway.edge.auth import Principal, require_kind
+from gateway.edge.errors import bad_request
+from gateway.routes.request_context import gw_of, principal, read_json
 
 log = logging.getLogger("rlgate.conversations")
 router = APIRouter()

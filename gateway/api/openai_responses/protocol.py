@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import Field
 
 from gateway.api.base import Loose
-from gateway.request import Completion, ToolCallOut
+from gateway.call.request import Completion, ToolCallOut
 
 
 class ResponsesRequest(Loose):
@@ -81,7 +81,7 @@ def call_item(
     item_id: str, call: ToolCallOut, status: str = "completed", ns: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """A ``function_call`` item, or a ``custom_tool_call`` for a custom call; one cut by
-    the output limit (gateway/cut_calls.py) is ``incomplete``, its arguments as cut."""
+    the output limit (gateway/call/cut_calls.py) is ``incomplete``, its arguments as cut."""
     if call.cut and status == "completed":
         status = "incomplete"
     if call.custom:

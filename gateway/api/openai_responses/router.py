@@ -20,12 +20,12 @@ from gateway.api.openai_responses import conversations, translator
 from gateway.api.openai_responses.conversation_items import api_items, list_params, page_of
 from gateway.api.openai_responses.store import gone, store_of, visible
 from gateway.api.openai_responses.stream import ResponsesStream
-from gateway.auth import require_kind
-from gateway.generation import output_json
-from gateway.pipeline import Prepared
-from gateway.request import Completion, GenerationRequest, Message
-from gateway.request_context import gw_of, principal
-from gateway.waits import locate
+from gateway.call.generation import output_json
+from gateway.call.pipeline import Prepared
+from gateway.call.request import Completion, GenerationRequest, Message
+from gateway.edge.auth import require_kind
+from gateway.routes.request_context import gw_of, principal
+from gateway.routes.waits import locate
 from schemas.tables import InteractionRow, ResponseDeletionRow
 
 router = APIRouter()
@@ -129,7 +129,7 @@ async def _stored(request: Request, response_id: str) -> InteractionRow:
                 db.expunge(row)
             return row
 
-    # committed before its answer was sent (gateway.commits); locate covers an answer
+    # committed before its answer was sent (gateway.recording.commits); locate covers an answer
     # released without its commit (database slow or down)
     row = await locate(request, p.key_id, response_id, load)
     if (

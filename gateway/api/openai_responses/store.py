@@ -3,7 +3,7 @@
 Responses are stored as what every call already is: a recorded interaction (request JSON
 as sent + parsed output). ``previous_response_id`` rebuilds the conversation by walking
 those records back; a response this process answered is found in memory at once, one
-answered by another replica is looked up again briefly (gateway.waits.locate: on the event
+answered by another replica is looked up again briefly (gateway.routes.waits.locate: on the event
 loop, never holding a worker thread). A response of another project, of another session
 (for a per-session key), or one created with ``store: false``, is a 404. So is a deleted
 one (``DELETE /v1/responses/{id}``: a ``response_deletions`` marker, the record untouched);
@@ -23,10 +23,10 @@ from core.db import transaction
 from core.errors import APIError
 from gateway.api.openai_responses import conversations
 from gateway.api.openai_responses.translator import history_turn
-from gateway.auth import Principal
-from gateway.request import Message
-from gateway.request_context import gw_of
-from gateway.waits import locate
+from gateway.call.request import Message
+from gateway.edge.auth import Principal
+from gateway.routes.request_context import gw_of
+from gateway.routes.waits import locate
 from schemas.tables import InteractionRow, ResponseDeletionRow
 
 MAX_CHAIN = 10_000

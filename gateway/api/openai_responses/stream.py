@@ -10,9 +10,9 @@ from core.errors import APIError
 from gateway.api.base import sse_event
 from gateway.api.openai_responses.protocol import call_item, message_item, new_id, reasoning_item
 from gateway.api.openai_responses.translator import namespaces, response_object
-from gateway.errors import OPENAI
-from gateway.pipeline import Prepared, StreamEvent
-from gateway.request import Completion, ToolCallOut
+from gateway.call.pipeline import Prepared, StreamEvent
+from gateway.call.request import Completion, ToolCallOut
+from gateway.edge.errors import OPENAI
 
 
 class _Items:

@@ -8,7 +8,7 @@
 - ``previous_response_id``: the router rebuilds the earlier conversation from the recorded
   interactions (``store.py``) and hands it in as ``history``; with ``conversation`` the
   history is the conversation's items (``conversations.py``);
-- function, ``namespace`` and ``custom`` ``tools`` -> tools (gateway/custom_tools.py);
+- function, ``namespace`` and ``custom`` ``tools`` -> tools (gateway/call/custom_tools.py);
   ``tool_choice`` auto/none/required/{function}/{custom}.
 
 Token ids and logprobs never pass through here; the Pipeline records them.
@@ -31,12 +31,12 @@ from gateway.api.openai_responses.protocol import (
     reasoning_item,
     response_json,
 )
-from gateway.custom_tools import custom_tool
-from gateway.errors import bad_request
-from gateway.generation import read_stored_call
-from gateway.pipeline import Prepared
-from gateway.request import Completion, GenerationRequest, Message, Sampling, Tool, ToolCallOut
-from gateway.structured import openai_format
+from gateway.call.custom_tools import custom_tool
+from gateway.call.generation import read_stored_call
+from gateway.call.pipeline import Prepared
+from gateway.call.request import Completion, GenerationRequest, Message, Sampling, Tool, ToolCallOut
+from gateway.call.structured import openai_format
+from gateway.edge.errors import bad_request
 from schemas.atdp import ClientProtocol
 
 PROTOCOL = ClientProtocol.openai_responses
