@@ -175,6 +175,12 @@ def migrate(revision: str, down_to: str | None) -> None:
     "trainer (training.seed).",
 )
 @click.option("--require-swap", is_flag=True, help="Exit 1 unless an adapter was swapped in.")
+@click.option(
+    "--until-swap",
+    is_flag=True,
+    help="End once the first adapter is swapped in and its held-out point taken (--minutes "
+    "is then the most it runs); exit 1 unless that happened. A smoke check of the loop.",
+)
 @clean_errors
 def demo(
     task: str,
@@ -188,6 +194,7 @@ def demo(
     concurrency: int,
     seed: int,
     require_swap: bool,
+    until_swap: bool,
 ) -> None:
     """Watch an agent learn: serve, rate, train, hot-swap, evaluate.
 
@@ -220,6 +227,7 @@ def demo(
         concurrency,
         seed,
         require_swap,
+        until_swap,
     )
 
 

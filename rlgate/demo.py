@@ -134,6 +134,7 @@ async def _run(
     concurrency: int,
     curve: Curve,
     check_alive,
+    until_swap: bool = False,
 ) -> None:
     agent: Agent = setup.make_agent(base, agent_key)
     held = setup.held_out
@@ -167,6 +168,8 @@ async def _run(
                 current = now_serving
                 last_eval = time.monotonic()
                 await evaluate_now(elapsed)
+                if until_swap and current != "base":
+                    break
             elif time.monotonic() - last_print > 30:
                 last_print = time.monotonic()
                 rated = curve.train_answers - seen[0]
@@ -202,6 +205,7 @@ def run_demo(
     concurrency: int,
     seed: int,
     require_swap: bool,
+    until_swap: bool = False,
 ) -> None:
     from core import migrate as mig
     from core.db import make_engine, session_factory, transaction
@@ -261,6 +265,7 @@ def run_demo(
                 concurrency,
                 curve,
                 stack.check_alive,
+                until_swap,
             )
         )
     except KeyboardInterrupt:
@@ -280,7 +285,7 @@ def run_demo(
         "training": {k: v for k, v in training.items() if k != "eval_gate"},
     }
     write_results(curve, out, summary, failure)
-    if require_swap and (len({p["policy_version"] for p in curve.points}) < 2):
+    if (require_swap or until_swap) and len({p["policy_version"] for p in curve.points}) < 2:
         raise click.ClickException("no adapter was trained and swapped in within the time")
 
 

@@ -1,4 +1,5 @@
-"""A shortened `rlgate demo` (minutes, not 20): the whole product on real parts.
+"""A shortened `rlgate demo` (until its first swap, not 20 minutes): the whole product on
+real parts.
 
 The embedded engine with the real model, the gateway, a real Celery worker with its beat
 schedule on the embedded SQLite broker, the OpenAI SDK over HTTP, feedback through
@@ -41,7 +42,7 @@ def test_short_demo_trains_and_swaps(tmp_path):
             str(free_port()),
             "--out",
             str(out),
-            "--require-swap",
+            "--until-swap",
         ],
         env=env,
         capture_output=True,
@@ -51,9 +52,9 @@ def test_short_demo_trains_and_swaps(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     curve = json.loads((out / "curve.json").read_text())
     versions = [p["policy_version"] for p in curve["points"]]
-    assert versions[0] == "base" and len(curve["points"]) >= 2
-    swapped = [v for v in versions[1:] if v != "base"]
-    assert swapped, versions
+    # --until-swap: the base model's point, then the first adapter's, and the run ends
+    assert len(versions) == 2 and versions[0] == "base" and versions[1] != "base", versions
+    swapped = versions[1:]
     assert (out / "curve.png").stat().st_size > 1000
 
     db = sqlite3.connect(data / "demo" / "rlgate.db")
