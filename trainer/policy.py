@@ -157,17 +157,11 @@ class Policy:
         """Logprobs as :meth:`batch_logprobs`, and (unless ``entropy_grad`` is None) the
         policy's entropy at each sampled position, with its gradient if ``entropy_grad``."""
         if self.plain_forward:
-            return self._head(self.padded_hidden(batch, 0), batch.samples, entropy_grad)
+            return self.head(self.padded_hidden(batch, 0), batch.samples, entropy_grad)
         forward = self.shared_prompt_hidden if batch.shares_prompts else self.padded_hidden
-        return self._head(forward(batch, batch.prefix), batch.samples, entropy_grad)
+        return self.head(forward(batch, batch.prefix), batch.samples, entropy_grad)
 
-    def shared_prompt_logprobs(self, batch: MicroBatch, prefix: int = 0) -> list[torch.Tensor]:
-        return self._head(self.shared_prompt_hidden(batch, prefix), batch.samples)[0]
-
-    def padded_logprobs(self, batch: MicroBatch, prefix: int = 0) -> list[torch.Tensor]:
-        return self._head(self.padded_hidden(batch, prefix), batch.samples)[0]
-
-    def _head(
+    def head(
         self, h: torch.Tensor, samples: list[Sample], entropy_grad: bool | None = None
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """LM head on the hidden states that predict each sampled token, then logprobs."""

@@ -135,9 +135,9 @@ def test_shared_prompt_forward_matches_the_padded_one() -> None:
     assert batch.shares_prompts and batch.padded_tokens < sum(s.length for s in samples)
     grads = []
     results = []
-    for fn in (policy.shared_prompt_logprobs, policy.padded_logprobs):
+    for forward in (policy.shared_prompt_hidden, policy.padded_hidden):
         policy.model.zero_grad(set_to_none=True)
-        lps = fn(batch)
+        lps = policy.head(forward(batch), batch.samples)[0]
         sum(lp.sum() * s.advantage for lp, s in zip(lps, batch.samples, strict=True)).backward()
         results.append([lp.detach() for lp in lps])
         grads.append(torch.cat([p.grad.flatten() for p in policy.params]))

@@ -149,12 +149,18 @@ def test_shared_prefix_forward_equals_padded_rows(model_dir) -> None:  # type: i
         assert batch.prefix >= 48, name
         if merge:
             assert batch.merged_turns > 0
-        plain_lp, plain_g = _run(policy, batch, lambda b: policy.padded_logprobs(b, 0))
+
+        def padded(b, prefix):  # type: ignore[no-untyped-def]
+            return policy.head(policy.padded_hidden(b, prefix), b.samples)[0]
+
+        plain_lp, plain_g = _run(policy, batch, lambda b: padded(b, 0))
         fns = {"chosen": lambda b: policy.batch_logprobs_entropy(b, None)[0]}
-        fns["padded"] = lambda b: policy.padded_logprobs(b, b.prefix)
+        fns["padded"] = lambda b: padded(b, b.prefix)
         if name == "groups":
             assert batch.shares_prompts  # prompts after the prefix once, then completions
-            fns["shared"] = lambda b: policy.shared_prompt_logprobs(b, b.prefix)
+            fns["shared"] = lambda b: policy.head(
+                policy.shared_prompt_hidden(b, b.prefix), b.samples
+            )[0]
         for how, fn in fns.items():
             lp, g = _run(policy, batch, fn)
             for a, b in zip(lp, plain_lp, strict=True):
