@@ -12,7 +12,11 @@
 - ``spec.py``: what the package registers (``spec.ApiSpec``): its router, model-call paths,
   error format, display translator and protocol. ``registry.py`` lists the packages;
   gateway/app.py, gateway/edge/errors.py, gateway/edge/ratelimit.py and ``display.py`` read that
-  list and name no API's paths themselves.
+  list and name no API's paths themselves. An API whose clients send the key somewhere else
+  than ``Authorization: Bearer`` or ``x-api-key``, or that names the model in the path
+  (Gemini's ``x-goog-api-key`` or ``?key=``, and ``/v1beta/models/{model}:generateContent``),
+  registers a ``credential`` reader and ``{name}`` patterns in ``model_paths``
+  (tests/gateway/test_api_registry.py builds one).
 
 ``handler.py`` serves every model call the same way (validate -> to_internal -> prepare ->
 stream or respond); ``base.py`` holds what the translators share: validation errors,

@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from gateway.edge.credentials import CredentialReader
 from gateway.edge.errors import ErrorFormat
 from schemas.atdp import ClientProtocol
 
@@ -25,13 +26,19 @@ class ApiSpec:
     protocol: ClientProtocol  # what its interactions record as ``protocol``
     id_prefix: str  # its interaction ids' prefix (``chatcmpl-``, ``msg_``, ...)
     router: APIRouter
-    model_paths: frozenset[str]  # POST paths that are model calls (a concurrency slot each)
+    # POST paths of model calls (a concurrency slot each); ``{name}`` stands for one path
+    # segment, for an API that names the model in its path
+    model_paths: frozenset[str]
     display: Display  # a stored request's messages, as the dashboard shows them
     errors: ErrorFormat | None = None  # None: the gateway's own (OpenAI's)
     error_header: str | None = None  # a header that asks for its error format on any path
     # a stored request of this API recognised by its shape (records written by other tools,
     # whose ids name no API); None: not recognisable
     shaped: Callable[[dict[str, Any]], bool] | None = None
+    # where this API's clients send their key besides ``Authorization: Bearer`` and
+    # ``x-api-key`` (a header or query parameter of its own), read for requests under its
+    # paths; a key found there must be the same as any other presented (else a 400)
+    credential: CredentialReader | None = None
 
     @property
     def paths(self) -> tuple[str, ...]:

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.db import DB_DOWN, STALE_IF_DOWN_S
 from core.errors import APIError
 from core.keys import lookup_key
-from gateway.edge.credentials import presented_credential
+from gateway.edge.credentials import request_credential
 from gateway.edge.errors import db_down_error
 
 BOOTSTRAP_ADMIN_ID = "bootstrap-admin"
@@ -30,7 +30,7 @@ class Principal:
 
 def presented_secret(request: Request) -> str | None:
     """The request's one key (gateway.edge.credentials: the rate limiter reads the same)."""
-    return presented_credential(request.scope.get("headers") or ())
+    return request_credential(request.scope)
 
 
 class Authenticator:

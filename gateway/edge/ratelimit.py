@@ -27,10 +27,11 @@ import time
 from collections import OrderedDict
 from typing import Any, Protocol
 
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from core.errors import APIError
-from gateway.edge.credentials import presented_credential
+from gateway.edge.credentials import request_credential
 from gateway.edge.errors import send_error
 
 log = logging.getLogger("rlgate.ratelimit")
@@ -183,12 +184,20 @@ def limiter_for(app: Any) -> Limiter:
 
 
 def model_paths(app: Any) -> frozenset[str]:
-    """The paths of model calls: what the registered APIs name (``app.state.apis``)."""
-    paths = getattr(app.state, "model_paths", None)
-    if paths is None:
-        apis = getattr(app.state, "apis", ())
-        paths = app.state.model_paths = frozenset().union(*(a.model_paths for a in apis))
-    return paths
+    """The path patterns of model calls: what the registered APIs name (``app.state.apis``)."""
+    return frozenset().union(*(a.model_paths for a in getattr(app.state, "apis", ())))
+
+
+def is_model_call(app: Any, path: str) -> bool:
+    """Whether ``path`` is a model call's: one of :func:`model_paths`, where ``{name}`` in
+    a pattern stands for one path segment (a model named in the path, as Gemini's
+    ``/v1beta/models/{model}:generateContent``)."""
+    patterns = getattr(app.state, "model_call_patterns", None)
+    if patterns is None:
+        patterns = app.state.model_call_patterns = tuple(
+            compile_path(p)[0] for p in sorted(model_paths(app))
+        )
+    return any(p.match(path) for p in patterns)
 
 
 def settings_of(app: Any) -> Any:
@@ -220,7 +229,7 @@ class RateLimitMiddleware:
             return
         settings = settings_of(scope["app"])
         try:  # the key authentication will read (gateway.edge.credentials)
-            secret = presented_credential(scope.get("headers") or ())
+            secret = request_credential(scope)
         except APIError as e:
             await send_error(scope, send, e)
             return
@@ -250,7 +259,7 @@ class RateLimitMiddleware:
                     wait,
                 )
         token: str | None = None
-        if err is None and method == "POST" and path in model_paths(scope["app"]):
+        if err is None and method == "POST" and is_model_call(scope["app"], path):
             ttl = settings.engine_timeout_s + 60
             token = await limiter.acquire("c:" + bucket, settings.max_concurrent_per_key, ttl)
             if token is None:

@@ -4,13 +4,20 @@ modules name none of them. What an output limit means is gateway/call/output_lim
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import StreamingResponse
+from starlette.datastructures import Headers, QueryParams
 from starlette.routing import Route
 
 from core.errors import APIError
+from core.settings import Settings
 from gateway.api.display import request_messages
 from gateway.api.registry import APIS
 from gateway.app import install_error_handlers
@@ -102,3 +109,91 @@ def test_output_limit() -> None:
     with pytest.raises(APIError) as e:
         output_limit(None, 100, 100, None, where="prompt", fit=True)
     assert e.value.param == "prompt" and "the prompt is 100 tokens" in e.value.message
+
+
+# ---- an API with its key and its model elsewhere (Gemini's generateContent shape) -------
+
+
+def _goog_key(scope: dict) -> str | None:
+    """Gemini's clients send the key as ``x-goog-api-key`` or as ``?key=``."""
+    headers = Headers(scope=scope)
+    return headers.get("x-goog-api-key") or QueryParams(scope.get("query_string", b"")).get("key")
+
+
+def _gemini_like_app() -> tuple[FastAPI, dict[str, asyncio.Event]]:
+    """The real edge middleware and error handlers with the registered APIs, plus one API
+    that reads its own key and names its model in the path."""
+    from gateway.api.spec import ApiSpec
+    from gateway.edge.auth import presented_secret
+    from gateway.edge.ratelimit import MemoryLimiter, RateLimitMiddleware
+
+    router = APIRouter()
+    events = {"entered": asyncio.Event(), "release": asyncio.Event()}
+
+    @router.post("/v1beta/models/{model}:generateContent")
+    async def generate(model: str, request: Request) -> StreamingResponse:
+        key = presented_secret(request)
+
+        async def body() -> AsyncIterator[bytes]:
+            events["entered"].set()
+            if model == "held":
+                await events["release"].wait()
+            yield json.dumps({"model": model, "key": key}).encode()
+
+        return StreamingResponse(body(), media_type="application/json")
+
+    gemini = ApiSpec(
+        protocol=ClientProtocol.openai_chat,  # a stand-in: the toy API records nothing
+        id_prefix="gemini-",
+        router=router,
+        model_paths=frozenset({"/v1beta/models/{model}:generateContent"}),
+        display=lambda _raw: [],
+        credential=_goog_key,
+    )
+    app = FastAPI()
+    app.state.settings = Settings(max_concurrent_per_key=1)
+    app.state.limiter = MemoryLimiter()
+    install_error_handlers(app)
+    app.state.apis = (*app.state.apis, gemini)
+    app.include_router(router)
+    app.add_middleware(RateLimitMiddleware)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> dict:
+        return {"key": presented_secret(request)}
+
+    return app, events
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_an_api_reads_its_own_key_and_its_model_paths_are_patterns(
+    anyio_backend: str,
+) -> None:
+    """ApiSpec.credential: the key where the API's clients send it, the same key as any
+    other presented or a 400; read under the API's paths only. ApiSpec.model_paths with
+    ``{model}``: every model named in the path takes the key's one model-call slot."""
+    app, events = _gemini_like_app()
+    url = "/v1beta/models/{}:generateContent"
+    key, other = "sk-" + "a" * 20, "sk-" + "b" * 20
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as c:
+        for how in ({"headers": {"x-goog-api-key": key}}, {"params": {"key": key}}):
+            r = await c.post(url.format("m1"), **how)
+            assert r.status_code == 200 and r.json() == {"model": "m1", "key": key}, how
+        same = {"x-goog-api-key": key, "Authorization": f"Bearer {key}"}
+        assert (await c.post(url.format("m1"), headers=same)).json()["key"] == key
+        r = await c.post(
+            url.format("m1"), headers={"x-goog-api-key": key, "Authorization": f"Bearer {other}"}
+        )
+        assert r.status_code == 400 and "one credential" in r.text, r.text
+        r = await c.post("/v1/chat/completions", params={"key": key})
+        assert r.json() == {"key": None}  # not under its paths: its reader is not asked
+        held = asyncio.create_task(c.post(url.format("held"), headers={"x-goog-api-key": key}))
+        await asyncio.wait_for(events["entered"].wait(), 30)
+        r = await c.post(url.format("m2"), params={"key": key})
+        assert r.status_code == 429, r.text  # another model, the same key's slot
+        r = await c.post(url.format("m2"), params={"key": other})
+        assert r.status_code == 200, r.text  # another key has its own
+        events["release"].set()
+        assert (await asyncio.wait_for(held, 30)).status_code == 200
