@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from engine.lora import DEFAULT_TARGET_MODULES
+from engine.projections import PROJECTIONS as DEFAULT_TARGET_MODULES
 
 
 def _split_modules(value: str) -> tuple[str, ...]:

@@ -26,8 +26,6 @@ from safetensors import safe_open
 
 from engine.lora import LoraBatch
 
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
 
 class UnsupportedModelError(Exception):
     """The model directory holds something this engine cannot run."""

@@ -18,15 +18,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-DEFAULT_TARGET_MODULES = (
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-)
+from engine.projections import PROJECTIONS
+
+DEFAULT_TARGET_MODULES = PROJECTIONS
 log = logging.getLogger("rlgate.engine")
 _KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.[\w-]+)?\.weight$")
 

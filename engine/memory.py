@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.llama import PROJECTIONS, LlamaConfig
+from engine.llama import LlamaConfig
+from engine.projections import PROJECTIONS
 
 GB = 1e9
 

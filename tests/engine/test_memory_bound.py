@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.llama import PROJECTIONS, LlamaConfig
+from engine.llama import LlamaConfig
 from engine.memory import GB, MemoryBoundError, plan
 from engine.model_files import PACKAGED_MODEL, resolve_model_dir
+from engine.projections import PROJECTIONS
 from tests.servers import MODEL_CACHE, REPO
 
 
