@@ -113,3 +113,11 @@ def test_config_validates_like_every_command(env, message):
 def test_config_does_not_connect():
     unreachable = rlgate("config", env={"RLGATE_DATABASE_URL": "postgresql://u@127.0.0.1:1/x"})
     assert unreachable.returncode == 0 and "postgresql://u@127.0.0.1:1/x" in unreachable.stdout
+
+
+def test_the_command_line_starts_without_pytorch():
+    """Registering every command (`rlgate engine`'s options included) loads no PyTorch:
+    `rlgate version`, `--help` and `config` answer without its second of imports."""
+    code = "import sys, rlgate.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
