@@ -18,6 +18,7 @@ from schemas.atdp import (
     FeedbackSource,
     FeedbackTarget,
     KeyKind,
+    PolicyStatus,
     RunStatus,
     RunTrigger,
     SessionStatus,
@@ -109,6 +110,19 @@ env.globals["choices"] = {
     e.__name__: [m.value for m in e]
     for e in (FeedbackSource, FeedbackTarget, KeyKind, RunStatus, RunTrigger, SessionStatus)
 }
+# each status's badge colour, by what it tells an operator; every member of the status enums
+# has one (tests/admin/test_render_filters.py)
+TONES: dict[str, str] = {
+    **dict.fromkeys((PolicyStatus.serving, RunStatus.published, SessionStatus.open), "good"),
+    **dict.fromkeys((PolicyStatus.candidate, RunStatus.queued, RunStatus.running), "busy"),
+    **dict.fromkeys((PolicyStatus.rejected, RunStatus.failed), "bad"),
+    RunStatus.trained_not_published: "warn",
+    **dict.fromkeys(
+        (PolicyStatus.retired, RunStatus.cancelled, SessionStatus.closed, SessionStatus.expired),
+        "done",
+    ),
+}
+env.globals["tone"] = lambda status: TONES.get(status, "done")
 env.globals["json_dumps"] = lambda v: json.dumps(queries.jsonable(v), indent=2, ensure_ascii=False)
 
 

@@ -345,7 +345,7 @@ def test_train_now_pause_and_resume(page, dash: Dash) -> None:
     with dash.factory.begin() as db:
         db.get(TrainingRunRow, run_id).status = "published"
     page.wait_for_url(lambda url: url.endswith(f"/admin/runs/{run_id}"), timeout=30_000)
-    page.wait_for_selector("#run-status .s-published")
+    page.wait_for_selector("#run-status .badge.tone-good:has-text('published')")
     assert page.locator("#flash").count() == 0 and page.locator("#live").count() == 0
     page.goto(dash.url + "/admin/runs")
     assert int(page.inner_text("#total")) == before + 1

@@ -10,11 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from gateway.admin.render import _num, _plural, _rating, env
+from gateway.admin.render import TONES, _num, _plural, _rating, env
 from schemas.atdp import (
     FeedbackSource,
     FeedbackTarget,
     KeyKind,
+    PolicyStatus,
     RunStatus,
     RunTrigger,
     SessionStatus,
@@ -190,3 +191,16 @@ def test_a_list_filter_offers_what_its_rows_can_hold(template, field, values):
     assert select is not None, filters.group(0)
     offered = re.findall(r'<option value="([^"]*)"', select.group(1))
     assert [v for v in offered if v] == [v.value for v in values]
+
+
+def test_every_status_has_a_badge_colour_and_the_stylesheet_has_it() -> None:
+    """A status added to schemas/atdp.py gets a colour here or fails this test (the runs
+    list once showed ``cancelled`` runs uncoloured); every tone has its style."""
+    statuses = [m for e in (PolicyStatus, RunStatus, SessionStatus) for m in e]
+    assert sorted(set(statuses) - set(TONES)) == []
+    css = env.get_template("base.html").render(request=None, who=None, ctx=None)
+    for tone in set(TONES.values()):
+        assert f".tone-{tone}{{" in css, tone
+    badge = env.get_template("_macros.html").module.badge  # type: ignore[attr-defined]
+    assert 'class="badge tone-warn"' in str(badge(RunStatus.trained_not_published.value))
+    assert 'class="badge tone-done"' in str(badge(RunStatus.cancelled.value))
