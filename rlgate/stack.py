@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from core.settings import ConfigError
+from trainer.runs import pid_alive
 
 # RLGATE_* variables a stack hands to the commands that act on it (each set only where
 # the environment does not set it already); the names `rlgate config` reports as from `up`
@@ -62,16 +63,6 @@ def stacks_dir() -> Path:
     return Path(state) / "rlgate" / "stacks"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def write(info: StackInfo) -> Path:
     """Write ``info`` as this stack's file (0600); returns its path for ``remove``."""
     folder = stacks_dir()
@@ -98,7 +89,7 @@ def running() -> list[StackInfo]:
             info = StackInfo(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):
             continue
-        if _alive(info.pid):
+        if pid_alive(info.pid):
             found.append(info)
     return sorted(found, key=lambda s: s.pid)
 

@@ -40,7 +40,8 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host has ``pid`` (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -56,7 +57,7 @@ def is_stale(run: TrainingRunRow, stale_after_s: float, now: datetime | None = N
     worker = str(cfg.get("worker") or "")
     host, _, pid = worker.rpartition(":")
     same_host = host == socket.gethostname() and pid.isdigit() and int(pid) != os.getpid()
-    if same_host and not _pid_alive(int(pid)):
+    if same_host and not pid_alive(int(pid)):
         return True
     beat = cfg.get("heartbeat_at")
     last = datetime.fromisoformat(beat) if beat else (run.started_at or run.created_at)
