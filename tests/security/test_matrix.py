@@ -85,6 +85,15 @@ TRAINING_ATTACKS: dict[str, Any] = {
     "a model path": {"model_path": "/etc"},
     "an engine URL": {"engine_url": "http://127.0.0.1:1"},
     "an adapter dir": {"adapter_dir": "/tmp"},
+    # the operator's observability and scale settings (RLGATE_*), never a project's
+    "a tracker": {"trackers": "mlflow"},
+    "a tracking server": {"mlflow_tracking_uri": "http://127.0.0.1:1"},
+    "a W&B entity": {"wandb_entity": "someone-else", "wandb_mode": "online"},
+    "an OTLP endpoint": {"otlp_endpoint": "http://127.0.0.1:1/v1/traces"},
+    "captured content": {"otlp_capture_content": True},
+    "a public URL": {"public_url": "http://evil.example"},
+    "training processes": {"train_processes": 64, "train_backend": "nccl"},
+    "engines to pause": {"train_shared_gpu_engines": "http://127.0.0.1:1"},
 }  # fmt: skip
 
 
