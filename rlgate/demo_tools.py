@@ -209,12 +209,10 @@ def eval_gate(model_dir, validation: list[Question], context_length: int) -> dic
     validation question, rendered exactly as the gateway renders it (its own renderer,
     the tools as its Hermes system prompt), greedy; the registered ``contains`` verifier
     checks that the output calls the tool the question needs."""
-    from transformers import AutoTokenizer
-
     from gateway.api.openai_chat.translator import parse_messages, parse_tools
-    from gateway.call.templating import ChatRenderer
+    from gateway.call.templating import ChatRenderer, load_tokenizer
 
-    renderer = ChatRenderer(AutoTokenizer.from_pretrained(str(model_dir)), context_length)
+    renderer = ChatRenderer(load_tokenizer(model_dir), context_length)
     tools = parse_tools(TOOLS)
     prompts = []
     for q in validation:

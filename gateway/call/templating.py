@@ -134,10 +134,27 @@ def check_prompt_chars(
         )
 
 
+# what tokenizer_config.json names when the tokenizer is transformers' generic fast one (the
+# packaged model's; transformers 5 writes TokenizersBackend)
+GENERIC_TOKENIZERS = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
+
+
 def load_tokenizer(model_dir: str | Path) -> Any:
+    """The policy's tokenizer. One that ``tokenizer_config.json`` names as the generic fast
+    tokenizer is loaded as that class: AutoTokenizer would pick the same class, but reads
+    the model's config through a transformers module that imports PyTorch, which a
+    gateway never runs (about 4 s of start-up and 0.3 GB of memory). Any other class is
+    AutoTokenizer's choice."""
+    path = Path(model_dir)
+    config = path / "tokenizer_config.json"
+    named = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+    if named.get("tokenizer_class") in GENERIC_TOKENIZERS and (path / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(path))
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(model_dir))
+    return AutoTokenizer.from_pretrained(str(path))
 
 
 def _args_obj(arguments: str) -> Any:
