@@ -32,7 +32,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 # The test tiers (README, "Tests"). A test is in the live tier when it, or a fixture it
-# uses, or a function of its own module that either calls, starts a process (an engine,
+# uses, or a function of the tests either calls, starts a process (an engine,
 # real SGLang, a gateway process, a worker, a browser, a command), loads the real model's
 # weights or needs PostgreSQL; the rest is the unit tier: in this process, on SQLite, in
 # front of fake engines (tests/gateway/fake_engine.py). `scripts/test -m unit` runs it. A
@@ -45,13 +45,14 @@ LIVE_FIXTURES = {
 LIVE_CALLS = re.compile(
     r"(?<![\w.])(running|gateway|sglang_server|worker|pg_gateway|sync_playwright|fit)\("
     r"|subprocess\.|Popen|\bmain\(|CliRunner|getfixturevalue|LlamaModel\(|Policy\.load\("
+    r"|_admin_conn\("  # a PostgreSQL database of its own
 )
 CALLED = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\(")
 _live_source: dict[object, bool] = {}
 
 
 def _starts_something(fn: object) -> bool:
-    """Whether ``fn``'s source, or that of a function of its module it calls, starts
+    """Whether ``fn``'s source, or that of a function of the tests it calls, starts
     something (LIVE_CALLS)."""
     if fn in _live_source:
         return _live_source[fn]
@@ -63,7 +64,7 @@ def _starts_something(fn: object) -> bool:
     scope = getattr(fn, "__globals__", {})
     callees = (scope.get(name) for name in set(CALLED.findall(source)))
     live = bool(LIVE_CALLS.search(source)) or any(
-        inspect.isfunction(c) and c.__module__ == fn.__module__ and _starts_something(c)  # type: ignore[attr-defined]
+        inspect.isfunction(c) and c.__module__.startswith("tests.") and _starts_something(c)
         for c in callees
     )
     _live_source[fn] = live
