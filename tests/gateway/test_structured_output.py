@@ -1,7 +1,8 @@
 """Structured output through each API, with the official SDKs' own ``parse`` helpers:
 the schema reaches the engine as SGLang's ``json_schema`` param, the embedded engine masks
 what the schema forbids (llguidance), the output validates against the schema, and the
-record is token-exact like any other output."""
+record is token-exact like any other output. A bad format is refused before any engine is
+asked: those 400s run on ``fake_stack`` (the unit tier, tests/gateway/fake_engine.py)."""
 
 from __future__ import annotations
 
@@ -133,11 +134,11 @@ def test_anthropic_messages_parse(stack):
         ),
     ],
 )
-def test_bad_formats_are_400_in_the_api_format(stack, path, body, error_of):
+def test_bad_formats_are_400_in_the_api_format(fake_stack, path, body, error_of):
     r = httpx.post(
-        stack.gw.url + path,
+        fake_stack.gw.url + path,
         json=body,
-        headers={"Authorization": f"Bearer {stack.key()}", "anthropic-version": "2023-06-01"},
+        headers={"Authorization": f"Bearer {fake_stack.key()}", "anthropic-version": "2023-06-01"},
         timeout=60,
     )
     assert r.status_code == 400, r.text
