@@ -166,7 +166,7 @@ def test_tool_use_tool_result_round_trip(fake_stack, tok):
     assert msg.stop_reason in ("end_turn", "max_tokens", "tool_use")
     for block in msg.content:
         assert block.type in ("text", "tool_use")
-        if block.type == "tool_use":  # the tiny model rarely calls; if it does, well-formed
+        if block.type == "tool_use":  # a call, if the answer makes one, is well-formed
             assert block.name == "add" and isinstance(block.input, dict) and block.id
     chat = httpx.post(
         fake_stack.gw.url + "/v1/chat/completions",
