@@ -2,7 +2,8 @@
 one gateway process per database backend (SQLite file and a fresh PostgreSQL database):
 ``stack``, the live tier. ``fake_stack`` is the unit tier's: the same gateway app served
 in-process on SQLite, in front of a scripted fake engine (tests/gateway/fake_engine.py),
-for what needs neither a model's text nor PostgreSQL (validation, error formats)."""
+for what needs neither a real model's tokens nor PostgreSQL (translation, validation, error
+formats, stream shapes). A module can hold both tiers: a test names the one it runs on."""
 
 from __future__ import annotations
 
@@ -85,7 +86,8 @@ class Stack:
 @pytest.fixture(scope="module")
 def fake_stack(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A ``Stack`` of the unit tier: the gateway app in-process on a fresh SQLite file, in
-    front of a FakeEngine (each /generate answers the same short text), one per module."""
+    front of a FakeEngine (each /generate answers the same short text unless the test
+    scripts its next answers: ``fake_stack.engine.script(...)``), one per module."""
     from tests.gateway.fake_engine import FakeEngine, in_process_gateway, serving
 
     data_dir = tmp_path_factory.mktemp("gw-fake")

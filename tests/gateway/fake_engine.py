@@ -4,11 +4,15 @@ engine that speaks SGLang's native protocol (``/generate`` streamed or not, ``/h
 ``/get_server_info``, ``/v1/models``, ``/abort_request``, ``/load_lora_adapter`` and
 ``/unload_lora_adapter``, which only keep a list) and that the test controls.
 
-The fake engine answers every ``/generate`` with the same short text; while it is
-``hold()``-ing, each request waits until the test ``release()``s it (oldest first), so a
-test can fill the gateway's engine slots and decide when one frees up. It records every
-``/generate`` body in arrival order (``arrivals``), so tests assert on what reached the
-engine and in which order, never on wall-clock time.
+The fake engine answers every ``/generate`` with the same short text (``TEXT``), unless
+the test ``script()``-ed the next answers (an :class:`Answer` each, in arrival order); like
+an engine, it cuts an answer to the request's ``max_new_tokens`` (finish ``length``,
+else ``stop`` on its end-of-sequence token) and streams it token by token, each chunk
+carrying everything so far (SGLang's cumulative chunks). While it is ``hold()``-ing, each
+request waits until the test ``release()``s it (oldest first), so a test can fill the
+gateway's engine slots and decide when one frees up. It records every ``/generate`` body
+in arrival order (``arrivals``), so tests assert on what reached the engine and in which
+order, never on wall-clock time.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,22 +43,58 @@ from core.settings import Settings, get_settings
 from gateway.app import create_app
 from tests.servers import IN_PROCESS_ENVS, free_port, gateway_env
 
-# "Hello there, how can I help?" + <|im_end|> in SmolLM2's vocabulary
+# "Hello there, how can I help?" + <|im_end|> in SmolLM2's vocabulary, and each token's text
 IDS = [19556, 665, 28, 638, 416, 339, 724, 47, 2]
 TEXT = "Hello there, how can I help?"
+PIECES = ["Hello", " there", ",", " how", " can", " I", " help", "?", ""]
 
 
-def _meta(body: dict[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Answer:
+    """What the fake engine generates for one request: its tokens and each token's text
+    (an end-of-sequence token's is empty, as with ``skip_special_tokens``)."""
+
+    ids: tuple[int, ...]
+    pieces: tuple[str, ...]
+
+    @classmethod
+    def of(cls, tokenizer: Any, text: str) -> Answer:
+        """``text`` in ``tokenizer``'s tokens, then its end-of-sequence token."""
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        pieces: list[str] = []
+        so_far = ""
+        for k in range(1, len(ids) + 1):
+            now = tokenizer.decode(ids[:k], skip_special_tokens=True)
+            pieces.append(now[len(so_far) :])
+            so_far = now
+        assert so_far == text, f"{text!r} does not decode back from its tokens"
+        return cls((*ids, tokenizer.eos_token_id), (*pieces, ""))
+
+
+DEFAULT = Answer(tuple(IDS), tuple(PIECES))
+
+
+def _meta(body: dict[str, Any], ids: list[int], finish: dict[str, Any] | None) -> dict[str, Any]:
     return {
         "id": body.get("rid") or "fake",
-        "finish_reason": {"type": "stop", "matched": 2},
+        "finish_reason": finish,
         "prompt_tokens": len(body.get("input_ids") or []),
-        "completion_tokens": len(IDS),
+        "completion_tokens": len(ids),
         "cached_tokens": 0,
-        "output_token_logprobs": [[-0.5, i, None] for i in IDS],
+        "output_token_logprobs": [[-0.5, i, None] for i in ids],
         "weight_version": "fake",
         "e2e_latency": 0.0,
     }
+
+
+def _generated(body: dict[str, Any], answer: Answer) -> tuple[list[int], list[str], dict[str, Any]]:
+    """``answer`` cut to the request's ``max_new_tokens``, and the finish reason."""
+    params = body.get("sampling_params")
+    limit = params.get("max_new_tokens") if isinstance(params, dict) else None
+    ids, pieces = list(answer.ids), list(answer.pieces)
+    if limit is not None and len(ids) > limit:
+        return ids[:limit], pieces[:limit], {"type": "length", "length": limit}
+    return ids, pieces, {"type": "stop", "matched": ids[-1]}
 
 
 class FakeEngine:
@@ -69,6 +110,7 @@ class FakeEngine:
         # each /unload_lora_adapter: (name, requests naming it that had not finished)
         self.unloads: list[tuple[str, int]] = []
         self.listings = 0  # GET /v1/models answered (each adapter sync round asks once)
+        self._scripted: deque[Answer] = deque()
 
     # ---- control (from the test's thread) ----------------------------------------------
 
@@ -76,6 +118,12 @@ class FakeEngine:
         with self._lock:
             self._holding = True
             self._released = len(self.arrivals)
+
+    def script(self, *answers: Answer) -> None:
+        """The next ``/generate`` requests answer these, one each in arrival order; the
+        ones after them the default text again."""
+        with self._lock:
+            self._scripted.extend(answers)
 
     def release(self, n: int = 1) -> None:
         with self._lock:
@@ -121,19 +169,28 @@ class FakeEngine:
             index = len(self.arrivals)
             self.arrivals.append(body)
             self.traceparents.append(request.headers.get("traceparent"))
+            answer = self._scripted.popleft() if self._scripted else DEFAULT
         await self._turn(index)
         with self._lock:
             self._done += 1
             body["_done"] = True
+        ids, pieces, finish = _generated(body, answer)
         if body.get("stream"):
 
             async def events() -> AsyncIterator[bytes]:
-                chunk = {"text": TEXT, "output_ids": IDS, "meta_info": _meta(body)}
-                yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+                for k in range(1, len(ids) + 1):
+                    last = k == len(ids)
+                    chunk = {
+                        "text": "".join(pieces[:k]),
+                        "output_ids": ids[:k],
+                        "meta_info": _meta(body, ids[:k], finish if last else None),
+                    }
+                    yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream")
-        return JSONResponse({"text": TEXT, "output_ids": IDS, "meta_info": _meta(body)})
+        meta = _meta(body, ids, finish)
+        return JSONResponse({"text": "".join(pieces), "output_ids": ids, "meta_info": meta})
 
     def app(self) -> Starlette:
         async def ok(request: Request) -> JSONResponse:

@@ -1,8 +1,12 @@
 """Anthropic Messages through the gateway with the official anthropic SDK.
 
-Real gateway + real embedded engine (SmolLM2-135M-Instruct) on SQLite and PostgreSQL.
-Recorded prompts are compared with the tokenizer's own chat template render, recorded
-completions with the text the client received.
+Two tiers. ``stack``: a real gateway + real embedded engine (SmolLM2-135M-Instruct) on
+SQLite and PostgreSQL, for what the recording of the real model's tokens shows.
+``fake_stack`` (unit tier): the gateway app in-process on SQLite in front of the fake
+engine (tests/gateway/fake_engine.py), for translation, rendering, validation, error
+shapes and the stream's event sequence. Recorded prompts are compared with the
+tokenizer's own chat template render, recorded completions with the text the client
+received.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from gateway.call.pipeline import Prepared, StreamEvent
 from gateway.call.request import Completion, ToolCallOut
 from gateway.call.sessions import SessionContext
 from gateway.edge.auth import Principal
+from tests.gateway.fake_engine import Answer
 from tests.gateway.helpers import counts, run_in_fresh_loop, wait_recorded
 
 SYSTEM = "You are a terse assistant."
@@ -100,12 +105,14 @@ def test_stream_events_and_record(stack, tok):
     assert rec.prompt_token_ids == template_ids(tok, Q)
     assert final.usage.output_tokens == len(rec.completion_token_ids)
 
-    # the raw event sequence, exactly as Anthropic documents it
+
+def test_stream_event_sequence(fake_stack):
+    """The raw event sequence, exactly as Anthropic documents it."""
     r = httpx.post(
-        stack.gw.url + "/v1/messages?beta=true",
+        fake_stack.gw.url + "/v1/messages?beta=true",
         json={"model": "m", "messages": Q, "max_tokens": 6, "stream": True, "temperature": 0},
         headers={
-            "x-api-key": stack.key(),
+            "x-api-key": fake_stack.key(),
             "anthropic-version": "2023-06-01",
             "anthropic-beta": "fine-grained-tool-streaming-2025-05-14",
         },
@@ -123,10 +130,10 @@ def test_stream_events_and_record(stack, tok):
     assert datas[-2]["usage"]["output_tokens"] >= 1
 
 
-def test_tool_use_tool_result_round_trip(stack, tok):
+def test_tool_use_tool_result_round_trip(fake_stack, tok):
     """A conversation with tool_use / tool_result blocks renders exactly like the same
     conversation sent to the OpenAI chat route, and gets a valid answer."""
-    key = stack.key()
+    key = fake_stack.key()
     messages = [
         {"role": "user", "content": "What is 2 + 3? Use the add tool."},
         {
@@ -147,7 +154,7 @@ def test_tool_use_tool_result_round_trip(stack, tok):
             ],
         },
     ]
-    msg = client(stack, key).messages.create(
+    msg = client(fake_stack, key).messages.create(
         model="claude-sonnet-4-6",
         system=SYSTEM,
         messages=messages,
@@ -159,10 +166,10 @@ def test_tool_use_tool_result_round_trip(stack, tok):
     assert msg.stop_reason in ("end_turn", "max_tokens", "tool_use")
     for block in msg.content:
         assert block.type in ("text", "tool_use")
-        if block.type == "tool_use":  # the tiny model rarely calls; if it does, well-formed
+        if block.type == "tool_use":  # a call, if the answer makes one, is well-formed
             assert block.name == "add" and isinstance(block.input, dict) and block.id
     chat = httpx.post(
-        stack.gw.url + "/v1/chat/completions",
+        fake_stack.gw.url + "/v1/chat/completions",
         headers={"Authorization": f"Bearer {key}"},
         timeout=120,
         json={
@@ -198,17 +205,16 @@ def test_tool_use_tool_result_round_trip(stack, tok):
         },
     )
     assert chat.status_code == 200, chat.text
-    rec, chat_rec = wait_recorded(stack, [msg.id, chat.json()["id"]])
+    rec, chat_rec = wait_recorded(fake_stack, [msg.id, chat.json()["id"]])
     assert rec.prompt_token_ids == chat_rec.prompt_token_ids
     text = "".join(b.text for b in msg.content if b.type == "text")
     if not rec.output.tool_calls:
         assert tok.decode(rec.completion_token_ids, skip_special_tokens=True) == text
 
 
-# the clamp and the stop reason are the gateway's and the engine's, not the database's:
-# SQLite only (a prompt that fills the context costs ~2,000 tokens of prefill per run)
-@pytest.mark.parametrize("stack", ["sqlite"], indirect=True)
-def test_max_tokens_beyond_the_context_is_clamped(stack, tok):
+# the clamp and the stop reason are the gateway's: the fake engine, like any, stops at
+# the max_new_tokens it is sent (finish "length")
+def test_max_tokens_beyond_the_context_is_clamped(fake_stack, tok):
     """Claude Code asks for max_tokens=32000 whatever the model: the answer is capped by
     what the context leaves after the prompt, not refused; a cut at the end of the context
     is model_context_window_exceeded, not max_tokens (the client's limit was not reached)."""
@@ -218,7 +224,9 @@ def test_max_tokens_beyond_the_context_is_clamped(stack, tok):
     filler = " ".join(["cat"] * (ENGINE_CONTEXT - base - 6))
     n = len(template_ids(tok, [{"role": "user", "content": filler}]))
     assert ENGINE_CONTEXT - 10 < n < ENGINE_CONTEXT
-    msg = client(stack).messages.create(
+    # an answer longer than the room the context leaves
+    fake_stack.engine.script(Answer.of(tok, " ".join(["cat"] * 20)))
+    msg = client(fake_stack).messages.create(
         model="claude-sonnet-4-6",
         messages=[{"role": "user", "content": filler}],
         max_tokens=32000,
@@ -229,9 +237,9 @@ def test_max_tokens_beyond_the_context_is_clamped(stack, tok):
     assert msg.stop_reason == "model_context_window_exceeded"
 
 
-def test_metadata_user_id_names_the_session(stack):
-    c = client(stack)
-    sid = stack.key()[-12:]
+def test_metadata_user_id_names_the_session(fake_stack):
+    c = client(fake_stack)
+    sid = fake_stack.key()[-12:]
     user_id = json.dumps({"device_id": "d1", "account_uuid": "", "session_id": sid})
     ids = []
     for q in ("Say hi.", "Say bye."):
@@ -245,12 +253,12 @@ def test_metadata_user_id_names_the_session(stack):
     assert ids[0] == ids[1]
     from schemas.tables import SessionRow
 
-    with stack.factory() as db:
+    with fake_stack.factory() as db:
         row = db.get(SessionRow, ids[0])
         assert row.external_id == sid and row.client_protocol == "anthropic-messages"
 
 
-def test_system_messages_inside_messages_render_where_they_stand(stack, tok):
+def test_system_messages_inside_messages_render_where_they_stand(fake_stack, tok):
     """Claude Code sends ``role: "system"`` entries inside ``messages``."""
     convo = [
         {"role": "user", "content": "What is 2 + 3?"},
@@ -258,32 +266,32 @@ def test_system_messages_inside_messages_render_where_they_stand(stack, tok):
         {"role": "system", "content": [{"type": "text", "text": "Answer with one word."}]},
         {"role": "user", "content": "And 4 + 4?"},
     ]
-    raw = client(stack).messages.with_raw_response.create(
+    raw = client(fake_stack).messages.with_raw_response.create(
         model="claude-sonnet-4-6", system=SYSTEM, messages=convo, max_tokens=4
     )
-    (rec,) = wait_recorded(stack, [raw.parse().id])
+    (rec,) = wait_recorded(fake_stack, [raw.parse().id])
     flat = [{"role": m["role"], "content": m["content"]} for m in convo]
     flat[2]["content"] = "Answer with one word."
     assert rec.prompt_token_ids == template_ids(tok, [{"role": "system", "content": SYSTEM}, *flat])
 
 
-def test_count_tokens_uses_the_policy_template(stack, tok):
-    c = client(stack)
+def test_count_tokens_uses_the_policy_template(fake_stack, tok):
+    c = client(fake_stack)
     n = c.messages.count_tokens(model="claude-sonnet-4-6", system=SYSTEM, messages=Q)
     assert n.input_tokens == len(template_ids(tok, [{"role": "system", "content": SYSTEM}, *Q]))
     with_tools = c.messages.count_tokens(model="x", messages=Q, tools=[ADD_TOOL])
     assert with_tools.input_tokens > len(template_ids(tok, Q))
 
 
-def test_models_in_anthropic_format(stack):
-    key = stack.key()
+def test_models_in_anthropic_format(fake_stack):
+    key = fake_stack.key()
     one = httpx.get(
-        stack.gw.url + "/v1/models/claude-sonnet-4-6",
+        fake_stack.gw.url + "/v1/models/claude-sonnet-4-6",
         headers={"x-api-key": key, "anthropic-version": "2023-06-01"},
     )
     assert one.status_code == 200
     assert one.json()["type"] == "model" and one.json()["id"] == "claude-sonnet-4-6"
-    listed = client(stack, key).models.list()
+    listed = client(fake_stack, key).models.list()
     assert listed.data  # app.py's /v1/models answers (OpenAI or Anthropic format)
 
 
@@ -355,14 +363,14 @@ BAD = [
 
 
 @pytest.mark.parametrize("body,needle", BAD, ids=[b[1] for b in BAD])
-def test_bad_input_is_anthropic_400_and_records_nothing(stack, body, needle):
-    key = stack.key()
-    before = counts(stack)
+def test_bad_input_is_anthropic_400_and_records_nothing(fake_stack, body, needle):
+    key = fake_stack.key()
+    before = counts(fake_stack)
     for path in ("/v1/messages", "/v1/messages/count_tokens"):
         if path.endswith("count_tokens") and needle in ("max_tokens", "context"):
             continue
         r = httpx.post(
-            stack.gw.url + path,
+            fake_stack.gw.url + path,
             json=body,
             headers={"x-api-key": key, "anthropic-version": "2023-06-01"},
             timeout=60,
@@ -371,21 +379,21 @@ def test_bad_input_is_anthropic_400_and_records_nothing(stack, body, needle):
         err = r.json()
         assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
         assert needle in err["error"]["message"], err
-    assert counts(stack) == before
+    assert counts(fake_stack) == before
 
 
-def test_auth_errors_in_anthropic_shape(stack):
-    before = counts(stack)
-    r = httpx.post(stack.gw.url + "/v1/messages", json={"model": "m", "messages": OK})
+def test_auth_errors_in_anthropic_shape(fake_stack):
+    before = counts(fake_stack)
+    r = httpx.post(fake_stack.gw.url + "/v1/messages", json={"model": "m", "messages": OK})
     assert r.status_code == 401
     assert r.json()["type"] == "error"
     assert r.json()["error"]["type"] == "authentication_error"
     with pytest.raises(anthropic.AuthenticationError):
-        client(stack, "rlg_agent_wrong").messages.create(model="m", max_tokens=2, messages=OK)
-    fb = stack.key("feedback")
+        client(fake_stack, "rlg_agent_wrong").messages.create(model="m", max_tokens=2, messages=OK)
+    fb = fake_stack.key("feedback")
     with pytest.raises(anthropic.PermissionDeniedError):
-        client(stack, fb).messages.create(model="m", max_tokens=2, messages=OK)
-    assert counts(stack) == before
+        client(fake_stack, fb).messages.create(model="m", max_tokens=2, messages=OK)
+    assert counts(fake_stack) == before
 
 
 # ---- translator units (no gateway) --------------------------------------------------
@@ -555,7 +563,7 @@ def test_session_id_from_claude_code_user_id():
     assert am.session_from_user_id("") is None and am.session_from_user_id(None) is None
 
 
-def test_claude_code_default_request_names_the_context_problem(stack):
+def test_claude_code_default_request_names_the_context_problem(fake_stack):
     """A request captured from Claude Code 2.1.197 in its default mode (`claude -p`, only
     the base URL and key set: 24 tools, adaptive thinking, output_config.effort,
     context_management, max_tokens 32000), replayed as sent. Its prompt is longer than the
@@ -565,10 +573,10 @@ def test_claude_code_default_request_names_the_context_problem(stack):
         (Path(__file__).parent / "data" / "claude_code_2.1.197_default.json").read_text()
     )
     r = httpx.post(
-        stack.gw.url + "/v1/messages?beta=true",
+        fake_stack.gw.url + "/v1/messages?beta=true",
         json=body,
         headers={
-            "Authorization": f"Bearer {stack.key()}",
+            "Authorization": f"Bearer {fake_stack.key()}",
             "anthropic-version": "2023-06-01",
             "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14",
             "x-claude-code-session-id": "402723f1-3884-45b5-942e-36e021ac3881",

@@ -4,6 +4,10 @@ Runs against the real embedded engine (packaged SmolLM2-135M-Instruct) on both S
 PostgreSQL. Every check on a recorded interaction compares it with what the engine itself
 sampled: greedy generation is deterministic, so asking the engine directly with the
 recorded prompt ids must give the recorded completion ids.
+
+What needs no real model (a group of n choices, top_k read and checked) runs on
+``fake_stack``, the unit tier: the gateway app in-process on SQLite in front of the fake
+engine (tests/gateway/fake_engine.py).
 """
 
 from __future__ import annotations
@@ -93,13 +97,13 @@ def test_stream_deltas_match_the_record(stack, tok):
     assert chunks[-1].usage.completion_tokens == len(rec.completion_token_ids)
 
 
-def test_n3_is_one_group(stack):
-    client = stack.client()
+def test_n3_is_one_group(fake_stack):
+    client = fake_stack.client()
     resp = client.chat.completions.create(
         model="rlgate-policy", messages=Q, n=3, temperature=1.0, max_tokens=8, seed=7
     )
     assert [c.index for c in resp.choices] == [0, 1, 2]
-    recs = wait_recorded(stack, [f"{resp.id}.{i}" for i in range(3)])
+    recs = wait_recorded(fake_stack, [f"{resp.id}.{i}" for i in range(3)])
     assert {r.group_id for r in recs} == {resp.id}
     assert [r.choice_index for r in recs] == [0, 1, 2]
     assert len({r.session_id for r in recs}) == 1
@@ -127,16 +131,29 @@ def test_logprobs_in_openai_format(stack):
         assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-5)
 
 
-def test_top_k_is_honoured(stack):
-    """``top_k`` (vLLM's and SGLang's extension) reaches the engine: with k = 1, sampling
-    at temperature 1 gives the greedy answer; 0 and -1 mean off; below -1 is a 400."""
+def test_top_k_is_read_and_checked(fake_stack):
+    """``top_k`` (vLLM's and SGLang's extension) reaches the engine; 0 and -1 mean off;
+    below -1 is a 400."""
     from gateway.api.openai_chat.translator import to_internal
 
     body = {"messages": Q}
     assert to_internal({**body, "top_k": 5}, None).sampling.top_k == 5
     assert to_internal({**body, "top_k": 0}, None).sampling.top_k == -1
     assert to_internal(body, None).sampling.top_k == -1
+    fake_stack.client().chat.completions.create(
+        model="m", messages=Q, max_tokens=2, extra_body={"top_k": 1}
+    )
+    assert fake_stack.engine.arrivals[-1]["sampling_params"]["top_k"] == 1
+    r = httpx.post(
+        fake_stack.gw.url + "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {fake_stack.key()}"},
+        json={"model": "m", "messages": Q, "top_k": -2},
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_k"
 
+
+def test_top_k_is_honoured(stack):
+    """With k = 1, sampling at temperature 1 gives the greedy answer."""
     client = stack.client()
     greedy = client.chat.completions.create(
         model="m", messages=Q, temperature=0, max_tokens=12
@@ -146,9 +163,3 @@ def test_top_k_is_honoured(stack):
             model="m", messages=Q, temperature=1, max_tokens=12, seed=seed, extra_body={"top_k": 1}
         ).choices[0]
         assert k1.message.content == greedy.message.content
-    r = httpx.post(
-        stack.gw.url + "/v1/chat/completions",
-        headers={"Authorization": f"Bearer {stack.key()}"},
-        json={"model": "m", "messages": Q, "top_k": -2},
-    )
-    assert r.status_code == 400 and r.json()["error"]["param"] == "top_k"

@@ -1,7 +1,12 @@
 """OpenAI Completions (legacy) through the gateway, with the openai SDK and raw HTTP, on
 the embedded engine (packaged model): every prompt form, n > 1, stop, logprobs as an int,
 echo, streaming with usage, 400s in OpenAI's error shape, and the interaction recorded
-with exactly the ids ``return_token_ids`` handed out."""
+with exactly the ids ``return_token_ids`` handed out.
+
+What needs no real model's tokens (prompt forms, batches, stream shapes, 400s) runs on
+``fake_stack``, the unit tier: the gateway app in-process on SQLite in front of the fake
+engine (tests/gateway/fake_engine.py); stop sequences, logprobs, echo with the prompt's
+logprobs and a client leaving a long stream need the real engine (``stack``)."""
 
 from __future__ import annotations
 
@@ -62,18 +67,17 @@ def test_text_prompt_is_raw_and_recorded_with_the_returned_ids(stack, tok):
     assert rec.request["prompt"] == PROMPT
 
 
-@SQLITE
-def test_token_id_prompts_and_batches_with_n(stack, tok):
-    key = stack.key()
+def test_token_id_prompts_and_batches_with_n(fake_stack, tok):
+    key = fake_stack.key()
     ids = tok.encode(PROMPT)
-    r = post(stack, key, {"prompt": ids, "max_tokens": 3, "temperature": 0, **RAW})
+    r = post(fake_stack, key, {"prompt": ids, "max_tokens": 3, "temperature": 0, **RAW})
     assert r.status_code == 200, r.text
     (one,) = r.json()["choices"]
     assert one["prompt_token_ids"] == ids
 
     other = tok.encode("One, two, three,")
     body = {"prompt": [ids, other], "max_tokens": 3, "n": 2, "seed": 5, **RAW}
-    r = post(stack, key, body)
+    r = post(fake_stack, key, body)
     assert r.status_code == 200, r.text
     choices = r.json()["choices"]
     assert [c["index"] for c in choices] == [0, 1, 2, 3]
@@ -81,11 +85,11 @@ def test_token_id_prompts_and_batches_with_n(stack, tok):
     assert r.json()["usage"]["prompt_tokens"] == len(ids) + len(other)
     first, second = r.headers["x-rlgate-interaction-ids"].split(",")
     assert first == r.json()["id"]
-    recs = wait_recorded(stack, [f"{first}.0", f"{first}.1", f"{second}.0", f"{second}.1"])
+    recs = wait_recorded(fake_stack, [f"{first}.0", f"{first}.1", f"{second}.0", f"{second}.1"])
     assert [rec.completion_token_ids for rec in recs] == [c["token_ids"] for c in choices]
     assert recs[0].group_id == first and recs[2].group_id == second
 
-    r = post(stack, key, {"prompt": ["Hello", "Goodbye"], "max_tokens": 2, "temperature": 0})
+    r = post(fake_stack, key, {"prompt": ["Hello", "Goodbye"], "max_tokens": 2, "temperature": 0})
     assert r.status_code == 200, r.text
     assert len(r.json()["choices"]) == 2
 
@@ -137,12 +141,12 @@ def sse(r: httpx.Response) -> list:  # type: ignore[no-untyped-def]
     return [json.loads(x) for x in lines[:-1]]
 
 
-def test_stream_with_usage_and_token_ids(stack, tok):
-    key = stack.key()
+def test_stream_with_usage_and_token_ids(fake_stack, tok):
+    key = fake_stack.key()
     base = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0}
-    plain = post(stack, key, base).json()["choices"][0]["text"]
+    plain = post(fake_stack, key, base).json()["choices"][0]["text"]
     body = {**base, "stream": True, "stream_options": {"include_usage": True}, "echo": True}
-    r = post(stack, key, {**body, **RAW})
+    r = post(fake_stack, key, {**body, **RAW})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     chunks = sse(r)
     assert all(c["object"] == "text_completion" for c in chunks)
@@ -154,7 +158,7 @@ def test_stream_with_usage_and_token_ids(stack, tok):
     assert len(finishes) == 1
     usage = chunks[-1]["usage"]
     assert chunks[-1]["choices"] == [] and usage["completion_tokens"] == len(ids)
-    (rec,) = wait_recorded(stack, [chunks[0]["id"]])
+    (rec,) = wait_recorded(fake_stack, [chunks[0]["id"]])
     assert rec.completion_token_ids == ids
     assert rec.prompt_token_ids == tok.encode(PROMPT)
 
@@ -183,7 +187,6 @@ def test_stream_echo_with_logprobs_of_two_prompts(stack, tok):
         assert lp["token_logprobs"][1:] == pytest.approx(want["token_logprobs"][1:n], abs=1e-3)
 
 
-@SQLITE
 @pytest.mark.parametrize(
     ("body", "param", "says"),
     [
@@ -199,8 +202,8 @@ def test_stream_echo_with_logprobs_of_two_prompts(stack, tok):
         ({"prompt": "x", "bogus": 1}, "bogus", "unsupported"),
     ],
 )
-def test_bad_input_is_a_400_in_openai_shape(stack, body, param, says):
-    r = post(stack, stack.key(), {"max_tokens": 2, **body})
+def test_bad_input_is_a_400_in_openai_shape(fake_stack, body, param, says):
+    r = post(fake_stack, fake_stack.key(), {"max_tokens": 2, **body})
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param
@@ -221,8 +224,8 @@ def rows_of(factory, ids: list[str]) -> int:  # type: ignore[no-untyped-def]
         )
 
 
-def test_multi_prompt_stream_with_the_sdk_is_recorded_like_the_batch(stack, tok):
-    client = stack.client()
+def test_multi_prompt_stream_with_the_sdk_is_recorded_like_the_batch(fake_stack, tok):
+    client = fake_stack.client()
     prompts = [PROMPT, "One, two, three,"]
     raw = client.completions.with_raw_response.create(
         model="rlgate-policy",
@@ -260,7 +263,7 @@ def test_multi_prompt_stream_with_the_sdk_is_recorded_like_the_batch(stack, tok)
     assert usage.prompt_tokens == len(want[0]) + len(want[1])
     assert usage.completion_tokens == sum(len(v) for v in ids.values())
 
-    recs = wait_recorded(stack, [f"{first}.0", f"{first}.1", f"{second}.0", f"{second}.1"])
+    recs = wait_recorded(fake_stack, [f"{first}.0", f"{first}.1", f"{second}.0", f"{second}.1"])
     assert [r.completion_token_ids for r in recs] == [ids[i] for i in range(4)]
     assert [r.prompt_token_ids for r in recs] == [want[0], want[0], want[1], want[1]]
     assert [r.group_id for r in recs] == [first, first, second, second]
@@ -271,16 +274,16 @@ def test_multi_prompt_stream_with_the_sdk_is_recorded_like_the_batch(stack, tok)
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_batch_with_a_too_long_prompt_is_one_400_naming_it(stack, stream):
-    key = stack.key(project=f"long-{stream}")
+def test_a_batch_with_a_too_long_prompt_is_one_400_naming_it(fake_stack, stream):
+    key = fake_stack.key(project=f"long-{stream}")
     long = "word " * 3000  # over the engine's 2048-token context
     body = {"prompt": ["Hello", long, "Bye"], "max_tokens": 2, "stream": stream}
-    r = post(stack, key, body)
+    r = post(fake_stack, key, body)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == "prompt[1]"
     assert err["message"].startswith("prompt 1 (of 3") and "context" in err["message"]
-    with stack.factory() as db:
+    with fake_stack.factory() as db:
         n = db.scalar(
             select(func.count())
             .select_from(InteractionRow)

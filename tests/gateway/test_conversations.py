@@ -1,6 +1,10 @@
 """The OpenAI Conversations API, ``responses.create`` with ``conversation`` and
-``GET /v1/responses/{id}/input_items``: a real gateway and the embedded engine on SQLite
-and PostgreSQL, through the official openai SDK and plain HTTP for the error cases."""
+``GET /v1/responses/{id}/input_items``, through the official openai SDK and plain HTTP
+for the error cases. The turns need no real model: they run on ``fake_stack``, the unit
+tier (the gateway app in-process on SQLite in front of the fake engine,
+tests/gateway/fake_engine.py). The routes' walk over stored items (order, paging, delete
+markers) runs on a real gateway and the embedded engine on SQLite and PostgreSQL
+(``stack``)."""
 
 from __future__ import annotations
 
@@ -126,8 +130,8 @@ def _seq(stack, item_id: str) -> int:  # type: ignore[no-untyped-def]
         return db.scalar(select(ConversationItemRow.seq).where(ConversationItemRow.id == item_id))
 
 
-def test_conversation_errors(stack):
-    c = _http(stack)
+def test_conversation_errors(fake_stack):
+    c = _http(fake_stack)
     cid = c.post("/v1/conversations", json={}).json()["id"]
     err = _error(c.get("/v1/conversations/conv_nope"), 404)
     assert "conv_nope" in err["message"]
@@ -167,23 +171,23 @@ def test_conversation_errors(stack):
     assert c.get(f"/v1/conversations/{cid}/items").json()["data"] == []
 
 
-def test_conversation_scope(stack):
-    mine = _http(stack)
+def test_conversation_scope(fake_stack):
+    mine = _http(fake_stack)
     cid = mine.post("/v1/conversations", json={"items": [USER_ITEM]}).json()["id"]
-    other = _http(stack, stack.key(project="p2"))
+    other = _http(fake_stack, fake_stack.key(project="p2"))
     _error(other.get(f"/v1/conversations/{cid}"), 404)
     _error(other.get(f"/v1/conversations/{cid}/items"), 404)
     _error(other.delete(f"/v1/conversations/{cid}"), 404)
     body = {"model": "m", "input": "hi", "conversation": cid, "max_output_tokens": 2}
     _error(other.post("/v1/responses", json=body), 404, "conversation")
-    feedback = _http(stack, stack.key(kind="feedback"))
+    feedback = _http(fake_stack, fake_stack.key(kind="feedback"))
     assert feedback.get(f"/v1/conversations/{cid}").status_code == 403
     assert feedback.post("/v1/conversations", json={}).status_code == 403
     assert mine.get(f"/v1/conversations/{cid}").status_code == 200
 
 
-def test_two_turns_through_a_conversation(stack, tok):
-    client = stack.client()
+def test_two_turns_through_a_conversation(fake_stack, tok):
+    client = fake_stack.client()
     conv = client.conversations.create(metadata={"task": "colors"})
     assert conv.id.startswith("conv_") and conv.metadata == {"task": "colors"}
     first = client.responses.create(
@@ -207,13 +211,13 @@ def test_two_turns_through_a_conversation(stack, tok):
     )
     second = events[-1].response
     assert events[-1].type in ("response.completed", "response.incomplete")
-    r1, r2 = wait_recorded(stack, [first.id, second.id])
+    r1, r2 = wait_recorded(fake_stack, [first.id, second.id])
     # the history reached the model: turn 2's prompt holds turn 1, and both are one session
     prompt = tok.decode(r2.prompt_token_ids)
     assert prompt.count("Name a color.") == 1 and "Name another one." in prompt
     assert r2.prompt_token_ids[: len(r1.prompt_token_ids)] == r1.prompt_token_ids
     assert r1.session_id == r2.session_id and r2.parent_id == first.id
-    assert len(interactions(stack, session_id=r1.session_id)) == 2
+    assert len(interactions(fake_stack, session_id=r1.session_id)) == 2
 
     # both turns were appended: input, then output, in order
     items = list(client.conversations.items.list(conv.id, order="asc"))
@@ -234,9 +238,9 @@ def test_two_turns_through_a_conversation(stack, tok):
     third = client.responses.create(
         model="gpt-5", conversation=conv.id, input="And one more.", max_output_tokens=2
     )
-    (r3,) = wait_recorded(stack, [third.id])
+    (r3,) = wait_recorded(fake_stack, [third.id])
     assert "Name a color." not in tok.decode(r3.prompt_token_ids)
-    assert wait_recorded(stack, [first.id])[0].prompt_token_ids == r1.prompt_token_ids
+    assert wait_recorded(fake_stack, [first.id])[0].prompt_token_ids == r1.prompt_token_ids
 
     # conversation with previous_response_id, or unknown: OpenAI's errors
     with pytest.raises(openai.BadRequestError) as bad:
@@ -250,11 +254,11 @@ def test_two_turns_through_a_conversation(stack, tok):
         client.responses.create(model="gpt-5", conversation={"nope": 1}, input="x")
 
 
-def test_previous_response_id_of_a_conversation_turn_carries_the_conversation(stack, tok):
+def test_previous_response_id_of_a_conversation_turn_carries_the_conversation(fake_stack, tok):
     """A response made in a conversation, continued with ``previous_response_id``: the
     context is what that response saw (the conversation's earlier items) plus its turn;
     items added to the conversation after it are not."""
-    client = stack.client()
+    client = fake_stack.client()
     conv = client.conversations.create(
         items=[{"type": "message", "role": "user", "content": "My cat is called Miso."}]
     )
@@ -271,15 +275,15 @@ def test_previous_response_id_of_a_conversation_turn_carries_the_conversation(st
         max_output_tokens=4,
         temperature=0,
     )
-    r1, r2 = wait_recorded(stack, [first.id, nxt.id])
+    r1, r2 = wait_recorded(fake_stack, [first.id, nxt.id])
     prompt = tok.decode(r2.prompt_token_ids)
     assert prompt.count("My cat is called Miso.") == 1 and "Say ok." in prompt
     assert "Added later." not in prompt and "What is my cat called?" in prompt
     assert r2.prompt_token_ids[: len(r1.prompt_token_ids)] == r1.prompt_token_ids
 
 
-def test_input_items(stack):
-    client = stack.client()
+def test_input_items(fake_stack):
+    client = fake_stack.client()
     resp = client.responses.create(
         model="gpt-5", input=ITEMS + [USER_ITEM], max_output_tokens=2, temperature=0
     )
@@ -294,7 +298,7 @@ def test_input_items(stack):
     ids = [i.id for i in every]
     assert len(set(ids)) == 5 and ids[2].startswith("fc_")
     # the same ids on every read; newest first by default; pages by limit and after
-    c = _http(stack, client.api_key)
+    c = _http(fake_stack, client.api_key)
     page = c.get(f"/v1/responses/{resp.id}/input_items", params={"limit": 2}).json()
     assert page["object"] == "list" and page["has_more"] is True
     assert [i["id"] for i in page["data"]] == ids[::-1][:2]
@@ -306,20 +310,23 @@ def test_input_items(stack):
     _error(c.get(f"/v1/responses/{resp.id}/input_items", params={"after": "x"}), 400, "after")
     _error(c.get("/v1/responses/resp_nope/input_items"), 404)
     # the visibility of GET /v1/responses/{id}
-    _error(_http(stack, stack.key(project="p2")).get(f"/v1/responses/{resp.id}/input_items"), 404)
-    fb = _http(stack, stack.key(kind="feedback"))
+    _error(
+        _http(fake_stack, fake_stack.key(project="p2")).get(f"/v1/responses/{resp.id}/input_items"),
+        404,
+    )
+    fb = _http(fake_stack, fake_stack.key(kind="feedback"))
     assert fb.get(f"/v1/responses/{resp.id}/input_items").status_code == 403
     unstored = client.responses.create(model="gpt-5", input="hi", max_output_tokens=2, store=False)
     _error(c.get(f"/v1/responses/{unstored.id}/input_items"), 404)
 
 
-def test_conversation_items_are_redacted_like_records(stack):
+def test_conversation_items_are_redacted_like_records(fake_stack):
     """With redaction on for the project, items and metadata are stored redacted."""
     project = f"redact-{secrets.token_hex(3)}"
-    with transaction(stack.factory) as db:
+    with transaction(fake_stack.factory) as db:
         _, key = create_key(db, project, "agent")
         db.get(ProjectRow, project).settings = {"redaction": {"enabled": True}}
-    c = _http(stack, key)
+    c = _http(fake_stack, key)
     secret = "mail me at jane.doe@example.com"
     item = {"type": "message", "role": "user", "content": secret}
     conv = c.post("/v1/conversations", json={"items": [item], "metadata": {"who": secret}})
@@ -328,7 +335,7 @@ def test_conversation_items_are_redacted_like_records(stack):
     cid = conv.json()["id"]
     added = c.post(f"/v1/conversations/{cid}/items", json={"items": [item]}).json()
     assert added["data"][0]["content"][0]["text"] == "mail me at [REDACTED:email]"
-    with stack.factory() as db:
+    with fake_stack.factory() as db:
         stored = db.scalars(
             select(ConversationItemRow.item).where(ConversationItemRow.conversation_id == cid)
         ).all()

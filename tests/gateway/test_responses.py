@@ -1,6 +1,10 @@
 """OpenAI Responses through the gateway with the official openai SDK.
 
-Real gateway + real embedded engine (SmolLM2-135M-Instruct) on SQLite and PostgreSQL.
+Two tiers. ``stack``: a real gateway + real embedded engine (SmolLM2-135M-Instruct) on
+SQLite and PostgreSQL, for the token-exact recording of the real model's output.
+``fake_stack`` (unit tier): the gateway app in-process on SQLite in front of the fake
+engine (tests/gateway/fake_engine.py), for translation, conversation state, validation,
+error shapes and the stream's event sequence.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from gateway.call.pipeline import Prepared, StreamEvent
 from gateway.call.request import Completion, ToolCallOut
 from gateway.call.sessions import SessionContext
 from gateway.edge.auth import Principal
+from tests.gateway.fake_engine import Answer
 from tests.gateway.helpers import counts, run_in_fresh_loop, wait_recorded
 
 Q = "What is the capital of France? Answer in one word."
@@ -56,6 +61,10 @@ NS_TOOL = {
 }
 
 
+# the add call in the packaged model's (Hermes) format, as the fake engine answers it
+CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+
+
 @pytest.fixture(scope="module")
 def tok(model_dir):  # type: ignore[no-untyped-def]
     return AutoTokenizer.from_pretrained(str(model_dir))
@@ -88,8 +97,8 @@ def test_non_stream_is_recorded_token_exactly(stack, tok):
         assert resp.incomplete_details.reason == "max_output_tokens"
 
 
-def test_stream_events_and_record(stack, tok):
-    events = list(
+def _stream(stack) -> list:  # type: ignore[no-untyped-def]
+    return list(
         stack.client().responses.create(
             model="gpt-5",
             input=[{"role": "user", "content": [{"type": "input_text", "text": Q}]}],
@@ -98,6 +107,10 @@ def test_stream_events_and_record(stack, tok):
             stream=True,
         )
     )
+
+
+def test_stream_event_sequence(fake_stack):
+    events = _stream(fake_stack)
     kinds = [e.type for e in events]
     assert kinds[:4] == [
         "response.created",
@@ -117,14 +130,21 @@ def test_stream_events_and_record(stack, tok):
     text = "".join(deltas)
     final = events[-1].response
     assert final.output_text == text == events[-4].text
+
+
+def test_stream_events_and_record(stack, tok):
+    events = _stream(stack)
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    final = events[-1].response
+    assert final.output_text == text
     (rec,) = wait_recorded(stack, [final.id])
     assert tok.decode(rec.completion_token_ids, skip_special_tokens=True) == text
     assert rec.prompt_token_ids == template_ids(tok, [{"role": "user", "content": Q}])
     assert final.usage.output_tokens == len(rec.completion_token_ids)
 
 
-def test_previous_response_id_continues_the_conversation(stack, tok):
-    client = stack.client()
+def test_previous_response_id_continues_the_conversation(fake_stack, tok):
+    client = fake_stack.client()
     first = client.responses.create(
         model="gpt-5", input="Name a color.", max_output_tokens=8, temperature=0
     )
@@ -143,7 +163,7 @@ def test_previous_response_id_continues_the_conversation(stack, tok):
     third = client.responses.create(
         model="gpt-5", previous_response_id=second_id, input="And one more.", max_output_tokens=4
     )
-    r1, r2, r3 = wait_recorded(stack, [first.id, second_id, third.id])
+    r1, r2, r3 = wait_recorded(fake_stack, [first.id, second_id, third.id])
     assert r2.prompt_token_ids[: len(r1.prompt_token_ids) + len(r1.completion_token_ids)] == (
         r1.prompt_token_ids + r1.completion_token_ids
     )
@@ -154,8 +174,9 @@ def test_previous_response_id_continues_the_conversation(stack, tok):
     assert r2.parent_id == first.id and r3.parent_id == second_id
 
 
-def test_function_call_round_trip(stack, tok):
-    client = stack.client()
+def test_function_call_round_trip(fake_stack, tok):
+    client = fake_stack.client()
+    fake_stack.engine.script(Answer.of(tok, CALL))  # the first answer calls the tool
     first = client.responses.create(
         model="gpt-5",
         input="What is 2 + 3? Call the add tool.",
@@ -164,7 +185,8 @@ def test_function_call_round_trip(stack, tok):
         temperature=0,
     )
     calls = [o for o in first.output if o.type == "function_call"]
-    for c in calls:  # the tiny model rarely calls; if it does, the call is well-formed
+    assert calls
+    for c in calls:  # the call is well-formed
         assert c.name == "add" and isinstance(json.loads(c.arguments), dict) and c.call_id
     # the round trip, with the call written by the client as Codex does
     input_items = [
@@ -212,7 +234,7 @@ def test_function_call_round_trip(stack, tok):
             }
         ],
     )
-    rec, chat_rec = wait_recorded(stack, [second.id, chat.id])
+    rec, chat_rec = wait_recorded(fake_stack, [second.id, chat.id])
     assert rec.prompt_token_ids == chat_rec.prompt_token_ids
     # continuing from a response: its function calls (if any) are in the rebuilt prompt
     third = client.responses.create(
@@ -223,17 +245,17 @@ def test_function_call_round_trip(stack, tok):
         tools=[ADD_TOOL],
         max_output_tokens=4,
     )
-    r1, r3 = wait_recorded(stack, [first.id, third.id])
+    r1, r3 = wait_recorded(fake_stack, [first.id, third.id])
     assert r3.prompt_token_ids[: len(r1.prompt_token_ids)] == r1.prompt_token_ids
 
 
-def test_codex_request_shape_and_session_header(stack):
+def test_codex_request_shape_and_session_header(fake_stack):
     """What codex-cli 0.171 sends (`codex exec`, custom provider, wire_api = "responses"):
     developer messages with item ids, `strict: false` function tools, `reasoning`,
     `include`, `store: false`, `prompt_cache_key`, its own `client_metadata` field, and a
     `session-id` header that names the session."""
     sid = "01a22834-32ee-78a0-8bd3-d67deac8a0a9"
-    client = stack.client(default_headers={"session-id": sid, "originator": "codex_exec"})
+    client = fake_stack.client(default_headers={"session-id": sid, "originator": "codex_exec"})
 
     def codex_turn(text: str, stream: bool) -> str:
         kw = dict(
@@ -268,35 +290,35 @@ def test_codex_request_shape_and_session_header(stack):
         return events[-1].response.id
 
     first, second = codex_turn("Say hi.", False), codex_turn("Something else.", True)
-    r1, r2 = wait_recorded(stack, [first, second])
+    r1, r2 = wait_recorded(fake_stack, [first, second])
     assert r1.session_id == r2.session_id
     assert r1.request["client_metadata"]["session_id"] == sid  # recorded as sent
     from schemas.tables import SessionRow
 
-    with stack.factory() as db:
+    with fake_stack.factory() as db:
         assert db.get(SessionRow, r1.session_id).external_id == sid
 
 
-def test_namespace_tools_render_as_their_functions(stack):
+def test_namespace_tools_render_as_their_functions(fake_stack):
     """A `namespace` tool contributes its functions: the prompt is the one the same
     functions sent as plain function tools render to."""
-    client = stack.client()
+    client = fake_stack.client()
     kw = dict(model="gpt-5", input="Say hi.", max_output_tokens=2, temperature=0)
     grouped = client.responses.create(tools=[ADD_TOOL, NS_TOOL], **kw)
     flat = client.responses.create(tools=[ADD_TOOL, SPAWN_TOOL], **kw)
     assert [t.type for t in grouped.tools] == ["function", "namespace"]  # echoed as sent
-    rg, rf = wait_recorded(stack, [grouped.id, flat.id])
+    rg, rf = wait_recorded(fake_stack, [grouped.id, flat.id])
     assert rg.prompt_token_ids == rf.prompt_token_ids
 
 
-def test_get_stored_response(stack):
-    client = stack.client()
+def test_get_stored_response(fake_stack):
+    client = fake_stack.client()
     resp = client.responses.create(model="gpt-5", input="Say hi.", max_output_tokens=4)
-    wait_recorded(stack, [resp.id])
+    wait_recorded(fake_stack, [resp.id])
     got = client.responses.retrieve(resp.id)
     assert got.id == resp.id and got.output_text == resp.output_text
     with pytest.raises(openai.NotFoundError):
-        stack.client(stack.key(project="other")).responses.retrieve(resp.id)
+        fake_stack.client(fake_stack.key(project="other")).responses.retrieve(resp.id)
 
 
 OK = "hi"
@@ -327,11 +349,11 @@ BAD = [
 
 
 @pytest.mark.parametrize("body,needle", BAD, ids=[b[1] for b in BAD])
-def test_bad_input_is_openai_400_and_records_nothing(stack, body, needle):
-    key = stack.key()
-    before = counts(stack)
+def test_bad_input_is_openai_400_and_records_nothing(fake_stack, body, needle):
+    key = fake_stack.key()
+    before = counts(fake_stack)
     r = httpx.post(
-        stack.gw.url + "/v1/responses",
+        fake_stack.gw.url + "/v1/responses",
         json=body,
         headers={"Authorization": f"Bearer {key}"},
         timeout=60,
@@ -340,23 +362,23 @@ def test_bad_input_is_openai_400_and_records_nothing(stack, body, needle):
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error"
     assert needle in err["message"] or needle == err.get("param"), err
-    assert counts(stack) == before
+    assert counts(fake_stack) == before
 
 
-def test_previous_response_of_another_project_is_404(stack):
-    resp = stack.client().responses.create(model="m", input="Say hi.", max_output_tokens=3)
-    unstored = stack.client().responses.create(
+def test_previous_response_of_another_project_is_404(fake_stack):
+    resp = fake_stack.client().responses.create(model="m", input="Say hi.", max_output_tokens=3)
+    unstored = fake_stack.client().responses.create(
         model="m", input="Say hi.", max_output_tokens=3, store=False
     )
-    wait_recorded(stack, [resp.id, unstored.id])
-    before = counts(stack)
-    other = stack.client(stack.key(project="other"))
+    wait_recorded(fake_stack, [resp.id, unstored.id])
+    before = counts(fake_stack)
+    other = fake_stack.client(fake_stack.key(project="other"))
     for prev in (resp.id, "resp_doesnotexist", unstored.id):
-        client = stack.client() if prev == unstored.id else other
+        client = fake_stack.client() if prev == unstored.id else other
         with pytest.raises(openai.NotFoundError) as e:
             client.responses.create(model="m", input="more", previous_response_id=prev)
         assert e.value.body["param"] == "previous_response_id"
-    assert counts(stack) == before
+    assert counts(fake_stack) == before
 
 
 # ---- translator units (no gateway) --------------------------------------------------

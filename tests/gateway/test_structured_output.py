@@ -1,7 +1,9 @@
 """Structured output through each API, with the official SDKs' own ``parse`` helpers:
 the schema reaches the engine as SGLang's ``json_schema`` param, the embedded engine masks
 what the schema forbids (llguidance), the output validates against the schema, and the
-record is token-exact like any other output."""
+record is token-exact like any other output. A bad format the gateway refuses before any
+engine is asked runs on ``fake_stack`` (the unit tier, tests/gateway/fake_engine.py); a
+schema only the engine's grammar compiler refuses needs the real engine."""
 
 from __future__ import annotations
 
@@ -104,19 +106,6 @@ def test_anthropic_messages_parse(stack):
             lambda j: j["error"]["message"],
         ),
         (
-            "/v1/chat/completions",
-            {
-                "model": "m",
-                "messages": ASK,
-                "max_tokens": 4,
-                "response_format": {
-                    "type": "json_schema",
-                    "json_schema": {"name": "x", "schema": {"type": 5}},
-                },
-            },
-            lambda j: j["error"]["message"],
-        ),
-        (
             "/v1/responses",
             {"model": "m", "input": "hi", "text": {"format": {"type": "yaml"}}},
             lambda j: j["error"]["message"],
@@ -133,7 +122,25 @@ def test_anthropic_messages_parse(stack):
         ),
     ],
 )
-def test_bad_formats_are_400_in_the_api_format(stack, path, body, error_of):
+def test_bad_formats_are_400_in_the_api_format(fake_stack, path, body, error_of):
+    _refused(fake_stack, path, body, error_of)
+
+
+def test_a_schema_the_engine_refuses_is_400_in_the_api_format(stack):
+    """A schema the gateway passes on and the engine's grammar compiler refuses."""
+    body = {
+        "model": "m",
+        "messages": ASK,
+        "max_tokens": 4,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"type": 5}},
+        },
+    }
+    _refused(stack, "/v1/chat/completions", body, lambda j: j["error"]["message"])
+
+
+def _refused(stack, path: str, body: dict, error_of) -> None:  # type: ignore[no-untyped-def]
     r = httpx.post(
         stack.gw.url + path,
         json=body,
