@@ -186,7 +186,9 @@ async def _run(
         await asyncio.gather(*tasks, return_exceptions=True)
     try:
         final = await serving(agent, admin_key, current)
-        if final != current:  # the curve ends with the adapter serving at the end
+        # the curve ends with the adapter serving at the end; --until-swap ends with the
+        # first one's point (another may have been published while it was evaluated)
+        if final != current and not until_swap:
             await evaluate_now((time.monotonic() - curve.started) / 60)
     finally:
         await agent.http.aclose()
