@@ -105,8 +105,16 @@ def test_short_tool_demo_runs_real_tool_loops_rated_once_per_session(tmp_path):
     loops = [sorted(v, key=lambda r: r["seq"]) for v in by_session.values() if len(v) >= 2]
     assert loops, "no session made a tool call and sent its result back"
     first, second = loops[0][0], loops[0][1]
-    assert json.loads(first["output"])["tool_calls"][0]["name"] in T.KINDS
-    assert json.loads(second["request"])["messages"][-1]["role"] == "tool"
+    call = json.loads(first["output"])["tool_calls"][0]
+    sent = json.loads(second["request"])["messages"][-1]
+    # the 135M model sometimes names a tool that was never offered (seen: "get_weight_g");
+    # the demo answers that with the error a real tool gives, so the loop is what is checked
+    assert sent["role"] == "tool" and sent["tool_call_id"] == call["id"]
+    reply = json.loads(sent["content"])
+    if call["name"] in T.KINDS:
+        assert reply.keys() <= {T.KINDS[call["name"]][2], "error"}
+    else:
+        assert "unknown tool" in reply["error"]
     feedback = db.execute("select target_type, session_id from feedback").fetchall()
     assert {f["target_type"] for f in feedback} == {"session"}
     rated = [f["session_id"] for f in feedback]
