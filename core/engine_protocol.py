@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from schemas import sampling_fields
 
 # The SGLang release the contract suite runs against (tests/sglang_cpu/requirements.txt).
 SGLANG_VERSION = "0.5.23"
@@ -68,29 +71,26 @@ class BadAnswer(Exception):
 
 @dataclass(frozen=True)
 class Sampling:
-    """The sampling parameters rlgate sends (SGLang's ``sampling_params`` names)."""
+    """The sampling parameters rlgate sends: ``values``, the table's fields by internal name
+    (schemas/sampling_fields.py; one left out takes its default), and the rest."""
 
     max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0  # sent only when not 0
+    values: Mapping[str, float] = field(default_factory=dict)
     stop: list[str] | None = None
     seed: int | None = None
     json_schema: str | None = None
     structural_tag: str | None = None  # the JSON text of ``structural_tag()``
     skip_special_tokens: bool = True
-    frequency_penalty: float = 0.0  # OpenAI's, in [-2, 2]; sent only when not 0
-    presence_penalty: float = 0.0
 
     def params(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "max_new_tokens": self.max_new_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "skip_special_tokens": self.skip_special_tokens,
-        }
+        """SGLang's ``sampling_params``: each table field under its SGLang name, always or
+        only when not its default (the row's ``sent``)."""
+        out: dict[str, Any] = {"max_new_tokens": self.max_new_tokens}
+        for f in sampling_fields.FIELDS:
+            value = self.values.get(f.name, f.default)
+            if f.sends(value):
+                out[f.sglang] = value
+        out["skip_special_tokens"] = self.skip_special_tokens
         if self.stop:
             out["stop"] = list(self.stop)
         if self.seed is not None:
@@ -101,10 +101,10 @@ class Sampling:
             out["json_schema"] = self.json_schema
         if self.structural_tag is not None:
             out["structural_tag"] = self.structural_tag
-        for name in ("min_p", "frequency_penalty", "presence_penalty"):
-            if getattr(self, name):
-                out[name] = getattr(self, name)
         return out
+
+
+GREEDY = {"temperature": 0.0}
 
 
 @dataclass(frozen=True)

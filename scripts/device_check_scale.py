@@ -157,7 +157,7 @@ def greedy(url: str, headers: dict[str, str], adapter: str | None) -> list[float
 
     from core import engine_protocol as proto
 
-    sampling = proto.Sampling(max_new_tokens=8, temperature=0.0)
+    sampling = proto.Sampling(max_new_tokens=8, values=proto.GREEDY)
     body = proto.generate_body(PROMPT, sampling, adapter=adapter)
     r = httpx.post(url + proto.GENERATE, json=body, headers=headers, timeout=120)
     r.raise_for_status()

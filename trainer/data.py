@@ -10,9 +10,10 @@ gateway redacted them or retention purged them) are never selected or counted.
 
 Two kinds of record are never trained on, skipped with their reason counted (and not
 counted by the triggers, ``countable_where``):
-- ``penalized``: sampled with a frequency or presence penalty, so the recorded logprobs
-  are of the penalized distribution, not the policy's, and the off-policy correction
-  would need the policy's own (docs/trainer.md);
+- ``penalized``: sampled with a frequency or presence penalty (a field whose row in
+  schemas/sampling_fields.py says its ``logprobs`` are ``penalized``), so the recorded
+  logprobs are of the penalized distribution, not the policy's, and the off-policy
+  correction would need the policy's own (docs/trainer.md);
 - ``superseded``: a client SDK resent the request (a timeout) and the answer it never
   received was replaced by the retry's (``superseded_by``, gateway/recording/retries.py).
 """
@@ -27,6 +28,7 @@ from sqlalchemy import false, or_, select
 from sqlalchemy.orm import Session
 
 from core.serving_version import BASE, serving_version
+from schemas import sampling_fields
 from schemas.tables import InteractionRow, PolicyVersionRow, SessionRow
 
 BASE_POLICY = BASE  # what a base-model interaction records as its policy_version
@@ -92,10 +94,10 @@ def countable_where(project_id: str):  # type: ignore[no-untyped-def]
 
 
 def trains_on():  # type: ignore[no-untyped-def]
-    """SQL: not penalized and not superseded (selection skips those, counted)."""
+    """SQL: not penalized (each penalizing field of schemas/sampling_fields.py at its
+    default) and not superseded (selection skips those, counted)."""
     return (
-        InteractionRow.frequency_penalty == 0,
-        InteractionRow.presence_penalty == 0,
+        *(getattr(InteractionRow, f.column) == f.default for f in sampling_fields.penalizing()),
         InteractionRow.superseded_by.is_(None),
     )
 
@@ -104,8 +106,10 @@ def never_trained(row: InteractionRow) -> str | None:
     """The reason a record is never trained on, or None (``trains_on`` in Python)."""
     if row.superseded_by is not None:
         return "superseded"
-    if row.frequency_penalty or row.presence_penalty:
-        return "penalized"
+    for f in sampling_fields.penalizing():
+        value = getattr(row, f.column)
+        if value is not None and value != f.default:
+            return f.logprobs
     return None
 
 

@@ -119,7 +119,7 @@ def load_everywhere(
 # one token of one prompt token: enough to bring a loaded adapter into the engine's batch
 # memory (SGLang's LoRA memory pool, the embedded engine's per-adapter weights) before the
 # switch, so no client request pays its first use
-WARM = proto.generate_body([0], proto.Sampling(max_new_tokens=1, temperature=0.0), adapter=None)
+WARM = proto.generate_body([0], proto.Sampling(max_new_tokens=1, values=proto.GREEDY), adapter=None)
 WARM_TIMEOUT_S = 10.0
 
 
@@ -303,7 +303,7 @@ def eval_scores(
                 for _, i in idx
             ]
             # greedy; logprobs returned: the verifier sees a complete Interaction
-            greedy = proto.Sampling(max_new_tokens=gate.max_new_tokens, temperature=0.0)
+            greedy = proto.Sampling(max_new_tokens=gate.max_new_tokens, values=proto.GREEDY)
             body = proto.generate_body(batch, greedy, adapter=[adapters[a] for a, _ in idx])
             where = f"eval prompts {idx[0][1]}..{idx[-1][1]}"
             try:

@@ -11,12 +11,13 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from gateway.call.pipeline import Prepared
 from gateway.call.request import Completion, GenerationRequest, Message, Sampling, Tool
 from gateway.edge.auth import require_model_key
 from gateway.edge.errors import bad_request
+from schemas import sampling_fields
 
 __all__ = ["require_model_key"]
 
@@ -30,6 +31,25 @@ class Loose(BaseModel):
     """A request model that keeps unknown fields (``model_extra``) for ``reject_unknown``."""
 
     model_config = ConfigDict(extra="allow")
+
+
+def with_call_fields(api: str) -> Callable[[type[M]], type[M]]:
+    """A request model's class decorator: the model with the sampling fields ``api``
+    takes (schemas/sampling_fields.py) added after its own, each null when not sent and
+    checked to that API's range (pydantic's messages name the field)."""
+
+    def add(model: type[M]) -> type[M]:
+        fields: dict[str, Any] = {
+            a.name: (f.type | None, Field(None, ge=a.range.ge, gt=a.range.gt, le=a.range.le))
+            for f, a in sampling_fields.of_api(api)
+        }
+        extended = create_model(  # type: ignore[call-overload]
+            model.__name__, __base__=model, __module__=model.__module__, **fields
+        )
+        extended.__doc__ = model.__doc__
+        return extended  # type: ignore[no-any-return]
+
+    return add
 
 
 # ---- requests ----------------------------------------------------------------------
@@ -150,6 +170,12 @@ def seed_and_stop(seed: int | None, n: int, stop: str | list[str] | None) -> lis
     if len(stops) > MAX_STOP:
         raise bad_request(f"stop may hold at most {MAX_STOP} sequences", "stop")
     return stops
+
+
+def call_values(req: BaseModel, api: str) -> dict[str, float]:
+    """The sampling fields of a request model made ``with_call_fields(api)``, by internal
+    name: what the client sent, or the default (not sent, or the field's ``off`` value)."""
+    return {f.name: f.from_api(getattr(req, a.name)) for f, a in sampling_fields.of_api(api)}
 
 
 def internal_request(

@@ -22,6 +22,7 @@ from gateway.call.parsing import parse_output
 from gateway.call.request import Completion, GenerationRequest, Message, ToolCallOut
 from gateway.call.sessions import SessionContext, conversation_hash
 from gateway.edge.auth import Principal
+from schemas import sampling_fields
 from schemas.atdp import Interaction
 
 
@@ -74,16 +75,11 @@ def engine_payload(prep: Prepared, index: int, stream: bool) -> dict[str, Any]:
     s = prep.req.sampling
     sampling = proto.Sampling(
         max_new_tokens=prep.limit.tokens,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        top_k=s.top_k,
-        min_p=s.min_p,
+        values=s.values,
         stop=s.stop or None,
         seed=s.seed + index if s.seed is not None else None,
         json_schema=None if prep.forced_tools else s.json_schema,
         structural_tag=prep.forced_tools,
-        frequency_penalty=s.frequency_penalty,
-        presence_penalty=s.presence_penalty,
     )
     return proto.generate_body(
         prep.prompt_ids,
@@ -205,11 +201,7 @@ def interaction_record(
         prompt_token_ids=prep.prompt_ids,
         completion_token_ids=c.output_ids,
         completion_logprobs=c.logprobs,
-        temperature=prep.req.sampling.temperature,
-        top_p=prep.req.sampling.top_p,
-        min_p=prep.req.sampling.min_p,
-        frequency_penalty=prep.req.sampling.frequency_penalty,
-        presence_penalty=prep.req.sampling.presence_penalty,
+        **sampling_fields.recorded(prep.req.sampling.values),
         policy_version=prep.policy_version,
         finish_reason=c.finish_reason,
         output=output_json(c),

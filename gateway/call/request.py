@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas import sampling_fields
+
 
 @dataclass
 class ToolCallOut:
@@ -48,10 +50,8 @@ class Tool:
 
 @dataclass
 class Sampling:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0  # [0, 1]; 0: off
+    # the table's fields (schemas/sampling_fields.py) by internal name; one left out: default
+    values: dict[str, float] = field(default_factory=dict)
     max_tokens: int | None = None
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
@@ -59,12 +59,9 @@ class Sampling:
     logprobs: bool = False
     top_logprobs: int = 0
     json_schema: str | None = None  # structured output: SGLang's json_schema param (JSON text)
-    frequency_penalty: float = 0.0  # OpenAI's penalties, [-2, 2]; a penalized sample is
-    presence_penalty: float = 0.0  # recorded as such and never trained (trainer/data.py)
 
-    @property
-    def penalized(self) -> bool:
-        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+    def __post_init__(self) -> None:
+        self.values = {**sampling_fields.defaults(), **self.values}
 
 
 @dataclass

@@ -47,6 +47,7 @@ from core.errors import APIError
 from gateway.call.generation import Prepared
 from gateway.call.request import Completion, Message, ToolCallOut
 from gateway.recording.redaction import RedactionPolicy, Redactor
+from schemas import sampling_fields
 
 SERVICE_NAME = "rlgate-gateway"
 PROVIDER = "rlgate"  # gen_ai.provider.name: rlgate serves its own policy
@@ -226,8 +227,6 @@ class CallTrace:
             "gen_ai.operation.name": self.operation,
             "gen_ai.request.model": req.model,
             "gen_ai.conversation.id": prep.session.session_id,
-            "gen_ai.request.temperature": float(s.temperature),
-            "gen_ai.request.top_p": float(s.top_p),
             "gen_ai.request.max_tokens": prep.limit.tokens,
             "gen_ai.response.id": prep.interaction_id,
             "rlgate.project": prep.principal.project_id,
@@ -236,14 +235,10 @@ class CallTrace:
             "rlgate.policy.version": prep.policy_version,
             "rlgate.api": req.protocol,
         }
-        if s.top_k > 0:
-            attrs["gen_ai.request.top_k"] = float(s.top_k)
-        if s.min_p > 0:
-            attrs["rlgate.request.min_p"] = float(s.min_p)
-        if s.frequency_penalty:
-            attrs["gen_ai.request.frequency_penalty"] = float(s.frequency_penalty)
-        if s.presence_penalty:
-            attrs["gen_ai.request.presence_penalty"] = float(s.presence_penalty)
+        for f in sampling_fields.FIELDS:  # the table's, always or when set (row's traced)
+            value = s.values.get(f.name, f.default)
+            if f.trace and f.traces(value):
+                attrs[f.trace] = float(value)
         if s.stop:
             attrs["gen_ai.request.stop_sequences"] = list(s.stop)
         if s.seed is not None:

@@ -34,7 +34,7 @@ from tests.engine.conftest import Target
 pytestmark = pytest.mark.timeout(300)
 
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 2]  # small ids valid for any vocab
-GREEDY = proto.Sampling(max_new_tokens=4, temperature=0.0)
+GREEDY = proto.Sampling(max_new_tokens=4, values=proto.GREEDY)
 
 
 def _engine(target: Target) -> EngineHTTP:
@@ -87,7 +87,7 @@ def test_prompt_logprobs_from_logprob_start_len(target: Target, hf_model) -> Non
     the top alternatives (None first); -1 (SGLang's default) returns none."""
     import torch
 
-    one = proto.Sampling(max_new_tokens=1, temperature=0.7)
+    one = proto.Sampling(max_new_tokens=1, values={"temperature": 0.7})
     with _engine(target) as e:
         out = _one(e, one, top_logprobs=2, logprob_start_len=0)
         plain = _one(e, one)
@@ -109,7 +109,7 @@ def test_prompt_logprobs_without_generating(target: Target) -> None:
     """``max_new_tokens`` 0 with ``logprob_start_len`` 0 (how /v1/completions scores a
     prompt: ``echo`` with ``max_tokens: 0``) returns the prompt's logprobs and no tokens
     (streamed: tests/gateway/test_completions_scoring.py)."""
-    zero = proto.Sampling(max_new_tokens=0, temperature=0.0)
+    zero = proto.Sampling(max_new_tokens=0, values={"temperature": 0.0})
     with _engine(target) as e:
         out = _one(e, zero, logprob_start_len=0)
     assert out.ids == [] and out.finish_reason == "length"
@@ -120,7 +120,7 @@ def test_prompt_logprobs_without_generating(target: Target) -> None:
 
 def test_seed_is_accepted(target: Target) -> None:
     """rlgate sends a client's seed as ``sampling_seed``; SGLang refuses ``seed`` (400)."""
-    seeded = proto.Sampling(max_new_tokens=3, temperature=1.0, seed=1234)
+    seeded = proto.Sampling(max_new_tokens=3, values={"temperature": 1.0}, seed=1234)
     assert seeded.params()["sampling_seed"] == 1234 and "seed" not in seeded.params()
     with _engine(target) as e:
         first, second = _one(e, seeded), _one(e, seeded)
@@ -178,7 +178,7 @@ def test_streaming_through_the_gateway_client(target: Target) -> None:
 
 def test_abort_ends_a_running_request(target: Target) -> None:
     rid = proto.new_rid("contract-abort")
-    long = proto.Sampling(max_new_tokens=400, temperature=0.0)
+    long = proto.Sampling(max_new_tokens=400, values={"temperature": 0.0})
     body = proto.generate_body(PROMPT, long, rid=rid)
     body["sampling_params"]["ignore_eos"] = True
     result: dict[str, object] = {}
@@ -205,7 +205,7 @@ def _one_body(e: EngineHTTP, body: dict) -> proto.Output:  # type: ignore[type-a
 
 def test_structured_output_json_schema(target: Target) -> None:
     schema = json.dumps({"type": "string", "enum": ["yes", "no"]})
-    sampling = proto.Sampling(max_new_tokens=8, temperature=1.0, json_schema=schema)
+    sampling = proto.Sampling(max_new_tokens=8, values={"temperature": 1.0}, json_schema=schema)
     with _engine(target) as e:
         outs = [_one(e, sampling) for _ in range(2)]
     for out in outs:
@@ -234,7 +234,10 @@ def test_structural_tag_forces_tagged_json(target: Target) -> None:
             tag = proto.structural_tag(
                 tags, ";", at_least_one=True, stop_after_first=stop_after_first
             )
-            out = _one(e, proto.Sampling(max_new_tokens=40, temperature=1.0, structural_tag=tag))
+            out = _one(
+                e,
+                proto.Sampling(max_new_tokens=40, values={"temperature": 1.0}, structural_tag=tag),
+            )
             found = pattern.findall(out.text)
             assert found, out.text
             if out.finish_reason == "stop":  # else cut short by max_new_tokens
@@ -263,16 +266,18 @@ def test_structural_tag_grammar_and_text_content(target: Target) -> None:
                 at_least_one=True,
                 stop_after_first=True,
             )
-            sampling = proto.Sampling(max_new_tokens=24, temperature=0.0, structural_tag=tag)
+            sampling = proto.Sampling(
+                max_new_tokens=24, values={"temperature": 0.0}, structural_tag=tag
+            )
             out = _one(e, sampling)
             if out.finish_reason == "stop" or content is grammar:
                 m = re.fullmatch(r"<a>\n(.*)\n</a>", out.text, re.S)
                 assert m and re.fullmatch(pattern, m.group(1), re.S), out.text
         prompt = [*PROMPT, 198, 1, 520, 9531, 198]  # + "\n<|im_start|>assistant\n": plain text
-        free = _one_body(e, proto.generate_body(prompt, proto.Sampling(6, 0.0)))
+        free = _one_body(e, proto.generate_body(prompt, proto.Sampling(6, {"temperature": 0.0})))
         exact = {"type": "grammar", "grammar": f"root ::= {ebnf_string(free.text)}\n"}
         tag = json.dumps({"type": "structural_tag", "format": exact})
-        sampling = proto.Sampling(6, 0.0, structural_tag=tag)
+        sampling = proto.Sampling(6, {"temperature": 0.0}, structural_tag=tag)
         masked = _one_body(e, proto.generate_body(prompt, sampling))
     assert masked.text == free.text and masked.ids == free.ids
     assert all(m >= f - 1e-4 for m, f in zip(masked.logprobs, free.logprobs, strict=True))

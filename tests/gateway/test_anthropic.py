@@ -552,7 +552,7 @@ def test_translator_maps_blocks_to_internal_messages():
     assert req.messages[2].tool_calls[0].name == "add" and req.messages[2].reasoning == "t"
     assert req.messages[3].tool_call_id == "tu"
     assert req.session_hint == "u1" and req.chat_template_kwargs == {"enable_thinking": True}
-    assert req.sampling.top_k == 5 and req.sampling.stop == ["END"]
+    assert req.sampling.values["top_k"] == 5 and req.sampling.stop == ["END"]
 
 
 def test_session_id_from_claude_code_user_id():

@@ -137,9 +137,9 @@ def test_top_k_is_read_and_checked(fake_stack):
     from gateway.api.openai_chat.translator import to_internal
 
     body = {"messages": Q}
-    assert to_internal({**body, "top_k": 5}, None).sampling.top_k == 5
-    assert to_internal({**body, "top_k": 0}, None).sampling.top_k == -1
-    assert to_internal(body, None).sampling.top_k == -1
+    assert to_internal({**body, "top_k": 5}, None).sampling.values["top_k"] == 5
+    assert to_internal({**body, "top_k": 0}, None).sampling.values["top_k"] == -1
+    assert to_internal(body, None).sampling.values["top_k"] == -1
     fake_stack.client().chat.completions.create(
         model="m", messages=Q, max_tokens=2, extra_body={"top_k": 1}
     )

@@ -8,24 +8,23 @@ from typing import Any
 from pydantic import Field
 
 from core.errors import APIError
-from gateway.api.base import Loose
+from gateway.api.base import Loose, with_call_fields
 from gateway.call.partial_json import parse_partial
 from gateway.edge.errors import ErrorFormat
+from schemas import sampling_fields
 
 # blocks the served model cannot read (it reads text)
 MEDIA_BLOCKS = ("image", "document", "search_result", "container_upload")
 INVALID = "{loc}: {msg}"  # Anthropic's wording of a validation error
 
 
+@with_call_fields(sampling_fields.MESSAGES)
 class MessagesRequest(Loose):
     model: str = Field(min_length=1)
     messages: list[Any] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     system: str | list[Any] | None = None
     stop_sequences: list[str] | None = None
-    temperature: float | None = Field(None, ge=0, le=1)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)
     stream: bool = False
     tools: list[Any] | None = None
     tool_choice: dict[str, Any] | None = None

@@ -271,9 +271,7 @@ def to_internal(
     user_id = metadata.get("user_id")
     hint = session_header or session_from_user_id(user_id)
     sampling = Sampling(
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=-1 if not req.top_k else req.top_k,
+        values=base.call_values(req, PROTOCOL),
         max_tokens=req.max_tokens,
         stop=stops,
         json_schema=json_schema,

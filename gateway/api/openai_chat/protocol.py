@@ -6,21 +6,17 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from gateway.api.base import Loose
+from gateway.api.base import Loose, with_call_fields
 from gateway.call.request import Completion, ToolCallOut
+from schemas import sampling_fields
 
 MAX_N = 8
 
 
+@with_call_fields(sampling_fields.CHAT)
 class ChatRequest(Loose):
     model: str = "rlgate-policy"
     messages: list[dict[str, Any]] = Field(min_length=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    # not OpenAI's, but vLLM's and SGLang's: sample from the k likeliest tokens (0 or -1: all)
-    top_k: int | None = Field(None, ge=-1)
-    # vLLM's and SGLang's too: drop tokens less likely than min_p times the likeliest
-    min_p: float | None = Field(None, ge=0, le=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
@@ -36,9 +32,6 @@ class ChatRequest(Loose):
     user: str | None = None
     metadata: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    # OpenAI's range; a penalized sample is recorded as such and not trained on
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
     return_token_ids: bool = False  # vLLM's: prompt_token_ids, and token_ids per choice

@@ -140,10 +140,7 @@ def _sampling(req: ChatRequest, json_schema: str | None) -> Sampling:
         raise bad_request("top_logprobs requires logprobs: true", "top_logprobs")
     stop = base.seed_and_stop(req.seed, req.n, req.stop)
     return Sampling(
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=req.top_k or -1,
-        min_p=req.min_p or 0.0,
+        values=base.call_values(req, PROTOCOL),
         max_tokens=req.max_completion_tokens or req.max_tokens,
         stop=stop,
         seed=req.seed,
@@ -151,8 +148,6 @@ def _sampling(req: ChatRequest, json_schema: str | None) -> Sampling:
         logprobs=req.logprobs,
         top_logprobs=req.top_logprobs or 0,
         json_schema=json_schema,
-        frequency_penalty=req.frequency_penalty or 0.0,
-        presence_penalty=req.presence_penalty or 0.0,
     )
 
 

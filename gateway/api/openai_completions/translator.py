@@ -51,17 +51,13 @@ def prompts(raw: Any) -> list[str | list[int]]:
 def _sampling(req: CompletionRequest) -> Sampling:
     stop = base.seed_and_stop(req.seed, req.n, req.stop)
     return Sampling(
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=req.top_k or -1,
+        values=base.call_values(req, PROTOCOL),
         max_tokens=req.max_tokens,
         stop=stop,
         seed=req.seed,
         n=req.n,
         logprobs=req.logprobs is not None,
         top_logprobs=req.logprobs or 0,
-        frequency_penalty=req.frequency_penalty or 0.0,  # a penalized sample is never
-        presence_penalty=req.presence_penalty or 0.0,  # trained (trainer/data.py)
     )
 
 

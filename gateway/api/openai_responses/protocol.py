@@ -8,19 +8,18 @@ from typing import Any
 
 from pydantic import Field
 
-from gateway.api.base import Loose
+from gateway.api.base import Loose, with_call_fields
 from gateway.call.request import Completion, ToolCallOut
+from schemas import sampling_fields
 
 
+@with_call_fields(sampling_fields.RESPONSES)
 class ResponsesRequest(Loose):
     model: str = "rlgate-policy"
     input: str | list[Any]
     instructions: str | None = None
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    min_p: float | None = Field(None, ge=0, le=1)  # vLLM's and SGLang's extension
     max_output_tokens: int | None = Field(None, ge=1)
     stream: bool = False
     store: bool | None = True
@@ -34,10 +33,6 @@ class ResponsesRequest(Loose):
     reasoning: dict[str, Any] | None = None
     include: list[Any] | None = None
     truncation: str | None = None
-    # not in OpenAI's Responses reference but in Chat Completions' and the Open Responses
-    # spec's (clients send them): [-2, 2]; a penalized sample is not trained on
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
     return_token_ids: bool = False  # vLLM's opt-in; rlgate's place: the Response object
 
 

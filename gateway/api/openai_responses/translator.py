@@ -212,13 +212,9 @@ def to_internal(
     tools = parse_tools(req.tools)
     choice = _tool_choice(req.tool_choice, tools)
     sampling = Sampling(
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        min_p=req.min_p or 0.0,
+        values=base.call_values(req, PROTOCOL),
         max_tokens=req.max_output_tokens,
         json_schema=openai_format((req.text or {}).get("format"), "text.format", nested=False),
-        frequency_penalty=req.frequency_penalty or 0.0,
-        presence_penalty=req.presence_penalty or 0.0,
     )
     fields = {
         "include_usage": True,
@@ -272,8 +268,8 @@ def response_object(prep: Prepared, **state: Any) -> dict[str, Any]:
     body = response_json(
         rid=prep.interaction_id,
         raw=prep.req.raw,
-        temperature=s.temperature,
-        top_p=s.top_p,
+        temperature=s.values["temperature"],
+        top_p=s.values["top_p"],
         prompt_tokens=len(prep.prompt_ids),
         **state,
     )
