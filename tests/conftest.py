@@ -34,7 +34,8 @@ def pytest_report_header(config: pytest.Config) -> str:
 # The test tiers (README, "Tests"). A test is in the live tier when it, or a fixture it
 # uses, or a function of the tests either calls, starts a process (an engine,
 # real SGLang, a gateway process, a worker, a browser, a command), loads the real model's
-# weights or needs PostgreSQL; the rest is the unit tier: in this process, on SQLite, in
+# weights (an engine served in this process too: tests/servers.py in_process_engine) or
+# needs PostgreSQL; the rest is the unit tier: in this process, on SQLite, in
 # front of fake engines (tests/gateway/fake_engine.py). `scripts/test -m unit` runs it. A
 # fixture that picks another by name (request.getfixturevalue) counts as live, except
 # db_url: its parameter tells.
@@ -45,6 +46,7 @@ LIVE_FIXTURES = {
 LIVE_CALLS = re.compile(
     r"(?<![\w.])(running|gateway|sglang_server|worker|pg_gateway|sync_playwright|fit)\("
     r"|subprocess\.|Popen|\bmain\(|CliRunner|getfixturevalue|LlamaModel\(|Policy\.load\("
+    r"|in_process_engine\("  # the real model's weights, in this process
     r"|_admin_conn\("  # a PostgreSQL database of its own
 )
 CALLED = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\(")

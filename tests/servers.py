@@ -200,3 +200,29 @@ def worker(
     finally:
         stop_group(proc, grace=30)  # the worker, its pool and its verify pool
         fh.close()
+
+
+@contextmanager
+def in_process_engine(**config: object) -> Iterator[str]:
+    """What ``engine_cmd`` starts, without the process: the embedded engine (its app, its
+    scheduler thread, the packaged model from MODEL_CACHE) served by uvicorn in a thread of
+    this process (engine/server.py ``BackgroundServer``, as ``rlgate up`` runs it); yields
+    its URL. ``config`` are more EngineConfig fields (``context_length=1024``). For tests
+    of what the engine answers, not of how its process starts, stops or dies."""
+    from engine.model_files import PACKAGED_MODEL
+    from engine.server import BackgroundServer, EngineConfig
+
+    server = BackgroundServer(
+        EngineConfig(
+            model_path=PACKAGED_MODEL,
+            data_dir=MODEL_CACHE,
+            port=free_port(),
+            log_level="warning",
+            **config,  # type: ignore[arg-type]
+        )
+    )
+    server.start(timeout=120)
+    try:
+        yield server.url
+    finally:
+        server.stop()

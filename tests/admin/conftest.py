@@ -1,5 +1,6 @@
-"""Dashboard fixtures: a real gateway process on a seeded SQLite database, and headless
-Chromium (Debian's /usr/bin/chromium) driven by Playwright.
+"""Dashboard fixtures: the gateway app served from this process (tests/gateway/fake_engine.py
+in_process_gateway, the settings a gateway process reads) on a seeded SQLite database, and
+headless Chromium (Debian's /usr/bin/chromium) driven by Playwright.
 
 The model engine is a small HTTP stub that speaks SGLang's documented adapter protocol
 (``/load_lora_adapter``, ``/unload_lora_adapter``, ``/health``, ``/v1/models``): the
@@ -36,7 +37,8 @@ from schemas.tables import (
     SessionRow,
     TrainingRunRow,
 )
-from tests.servers import REPO, free_port, gateway
+from tests.gateway.fake_engine import in_process_gateway
+from tests.servers import REPO, free_port
 
 ARTIFACTS = REPO / "test-artifacts"
 CHROMIUM = os.environ.get("RLGATE_TEST_CHROMIUM", "/usr/bin/chromium")
@@ -313,7 +315,7 @@ def seed(factory: Any, adapters: Path) -> dict[str, str]:
     return out
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # an in-process gateway's settings hold while it serves
 def dash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dash]:
     data_dir = tmp_path_factory.mktemp("admin-dash")
     db_url = f"sqlite:///{data_dir / 'rlgate.db'}"
@@ -323,7 +325,7 @@ def dash(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dash]:
     keys = seed(factory, data_dir / "adapters")
     stub, server = _stub_engine()
     try:
-        with gateway(data_dir, db_url, stub.url, admin_key=BOOTSTRAP_KEY) as gw:
+        with in_process_gateway(data_dir, db_url, stub.url, admin_key=BOOTSTRAP_KEY) as gw:
             yield Dash(
                 gw.url,
                 factory,

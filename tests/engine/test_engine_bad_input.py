@@ -1,10 +1,36 @@
-"""Bad input gets a 400 with a message; the engine keeps serving."""
+"""Bad input gets a 400 with a message; the engine keeps serving.
+
+The embedded engine here is served from this process (tests/servers.py
+in_process_engine: its app and scheduler, the real packaged model), shaped as the
+session's engine process (tests/engine/conftest.py ``engine_url``): what is tested is what
+it answers over HTTP, not its process."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import httpx
 import pytest
 
+from tests.engine.conftest import MAX_LORA_RANK
+from tests.servers import in_process_engine
+
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[httpx.Client]:
+    with (
+        in_process_engine(
+            max_lora_rank=MAX_LORA_RANK,
+            max_loaded_loras=3,
+            max_running_requests=8,
+            context_length=1024,
+        ) as url,
+        httpx.Client(base_url=url, timeout=120) as c,
+    ):
+        yield c
+
 
 BAD = [
     ({"input_ids": []}, "empty"),

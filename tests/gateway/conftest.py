@@ -102,6 +102,29 @@ def fake_stack(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     db_engine.dispose()
 
 
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def fake_db_stack(request, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """``fake_stack`` on each database (a fresh SQLite file, the session's PostgreSQL
+    database): for what the database decides (keys, sessions, records) but no real
+    model's tokens do. The gateway app in-process, in front of a FakeEngine, one per
+    module and backend."""
+    from tests.gateway.fake_engine import FakeEngine, in_process_gateway, serving
+
+    data_dir = tmp_path_factory.mktemp(f"gw-fake-{request.param}")
+    if request.param == "sqlite":
+        db_url = f"sqlite:///{data_dir / 'rlgate.db'}"
+    else:
+        db_url = request.getfixturevalue("session_pg_url")
+    upgrade(db_url)
+    db_engine = make_engine(db_url)
+    fake = FakeEngine()
+    with serving(fake.app()) as engine_url:
+        fake.url = engine_url
+        with in_process_gateway(data_dir, db_url, engine_url) as gw:
+            yield Stack(gw, fake, db_url, session_factory(db_engine), data_dir)  # type: ignore[arg-type]
+    db_engine.dispose()
+
+
 @pytest.fixture(scope="session", params=["sqlite", "postgresql"])
 def stack(request, engine: Proc, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     data_dir = tmp_path_factory.mktemp(f"gw-{request.param}")

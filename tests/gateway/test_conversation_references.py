@@ -3,15 +3,24 @@
 naming ``include``); an ``item_reference`` in ``responses.create``'s input, or in items
 added to a conversation, is the conversation item it names: in the prompt (the model's
 prompt ids hold its text), in the record's request and in the conversation. One that
-names no item the caller sees is a 404 naming the reference."""
+names no item the caller sees is a 404 naming the reference.
+
+On each database, with the gateway in-process in front of a fake engine
+(``fake_db_stack``): the prompt is the gateway's render, the items the database's."""
 
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.gateway.helpers import wait_recorded
 
 SECRET = "The password is swordfish-42."
+
+
+@pytest.fixture(scope="module")
+def stack(fake_db_stack):  # type: ignore[no-untyped-def]
+    return fake_db_stack
 
 
 def _http(stack, key: str) -> httpx.Client:  # type: ignore[no-untyped-def]

@@ -3,11 +3,13 @@ a time limit, bodies are size-limited, over-long prompts are refused before toke
 and clients may set only known chat-template switches.
 
 The gateway here is the real app (``create_app``) served by uvicorn on loopback, in a
-thread of the test process, with the real packaged tokenizer and the real embedded
-engine (conftest's ``engine``): in-process so the test can wrap the tokenizer with
-``GatedTokenizer``, which counts render calls and can hold one at a gate. The real
-template and tokenizer still do the work; the gate only makes "a render is in progress"
-a state the test controls, so assertions are about ordering, never wall-clock time.
+thread of the test process, with the real packaged tokenizer, in front of a fake engine
+(tests/gateway/fake_engine.py: a 2048-token context, as the session's engine; what is
+tested happens before a call reaches the engine): in-process so the test can wrap the
+tokenizer with ``GatedTokenizer``, which counts render calls and can hold one at a gate.
+The real template and tokenizer still do the work; the gate only makes "a render is in
+progress" a state the test controls, so assertions are about ordering, never wall-clock
+time.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from gateway.app import create_app
 from gateway.call.request import Message
 from gateway.call.templating import MIN_PROMPT_CHARS
 from gateway.state import Gateway
-from tests.servers import Proc, free_port, packaged_model_dir
+from tests.gateway.fake_engine import FakeEngine
+from tests.gateway.fake_engine import serving as serving_engine
+from tests.servers import free_port, packaged_model_dir
 
 BODY_LIMIT = 4 * 1024 * 1024  # the default of RLGATE_MAX_BODY_BYTES
 CHARS_PER_TOKEN = 16.0
@@ -94,22 +98,24 @@ class Live:
 
 
 @pytest.fixture(scope="module")
-def live(engine: Proc, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+def fake_engine_url() -> Iterator[str]:
+    with serving_engine(FakeEngine().app()) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def live(fake_engine_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     data_dir = tmp_path_factory.mktemp("gw-loop")
     db_url = f"sqlite:///{data_dir / 'rlgate.db'}"
     upgrade(db_url)
-    extra: dict[str, Any] = {}
-    if engine.env.get("RLGATE_ENGINE_API_KEY"):
-        extra["engine_api_key"] = engine.env["RLGATE_ENGINE_API_KEY"]
     settings = Settings(
         data_dir=data_dir,
         database_url=db_url,
-        engine_urls=engine.url,
+        engine_urls=fake_engine_url,
         tokenizer_path=str(packaged_model_dir()),
         log_level="warning",
         render_workers=2,
         prompt_chars_per_token=CHARS_PER_TOKEN,
-        **extra,
     )
     app = create_app(settings)
     port = free_port()

@@ -1,7 +1,11 @@
-"""Who may read what, against the shared real gateway and engine (SQLite and PostgreSQL):
+"""Who may read what (SQLite and PostgreSQL):
 per-session keys see their own session's responses only, feedback keys no response
 bodies, minted keys die with their parent, caller-chosen AReaL keys are long, and the
-operational endpoints (/health details, /metrics, /openapi.json) need an admin key."""
+operational endpoints (/health details, /metrics, /openapi.json) need an admin key.
+
+On each database, with the gateway in-process in front of a fake engine
+(``fake_db_stack``): who may read what is the gateway's and the database's, not the
+model's."""
 
 from __future__ import annotations
 
@@ -10,12 +14,19 @@ import secrets
 import time
 
 import httpx
+import pytest
 from sqlalchemy import select
 
 from core.db import transaction
 from core.keys import revoke_key
 from schemas.tables import ApiKeyRow
 from tests.gateway.helpers import wait_recorded
+
+
+@pytest.fixture(scope="module")
+def stack(fake_db_stack):  # type: ignore[no-untyped-def]
+    return fake_db_stack
+
 
 _post = functools.partial(httpx.post, timeout=120)
 _get = functools.partial(httpx.get, timeout=60)

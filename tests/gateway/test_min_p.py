@@ -38,8 +38,9 @@ def test_min_p_is_sent_and_recorded(stack) -> None:  # type: ignore[no-untyped-d
 
 
 @pytest.mark.parametrize("value", [1.5, -0.1])
-def test_out_of_range_min_p_is_openai_400(stack, value) -> None:  # type: ignore[no-untyped-def]
-    client = stack.client()
+def test_out_of_range_min_p_is_openai_400(fake_stack, value) -> None:  # type: ignore[no-untyped-def]
+    """Refused before an engine is asked, on any database: the unit tier's stack."""
+    client = fake_stack.client()
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(
             model="rlgate-policy", messages=Q, max_tokens=4, extra_body={"min_p": value}

@@ -1,8 +1,17 @@
-"""GET /v1/models in OpenAI's format, and in Anthropic's when asked with its headers."""
+"""GET /v1/models in OpenAI's format, and in Anthropic's when asked with its headers.
+
+On each database, with the gateway in-process in front of a fake engine
+(``fake_db_stack``, which reports the session engine's 2048-token context)."""
 
 from __future__ import annotations
 
 import httpx
+import pytest
+
+
+@pytest.fixture(scope="module")
+def stack(fake_db_stack):  # type: ignore[no-untyped-def]
+    return fake_db_stack
 
 
 def test_models_openai_and_anthropic_formats(stack):

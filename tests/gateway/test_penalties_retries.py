@@ -84,8 +84,9 @@ def test_penalties_are_sent_recorded_and_not_trained(stack) -> None:  # type: ig
 
 @pytest.mark.parametrize("name", ["frequency_penalty", "presence_penalty"])
 @pytest.mark.parametrize("value", [2.5, -2.01])
-def test_out_of_range_penalty_is_openai_400(stack, name, value) -> None:  # type: ignore[no-untyped-def]
-    client = stack.client()
+def test_out_of_range_penalty_is_openai_400(fake_stack, name, value) -> None:  # type: ignore[no-untyped-def]
+    """Refused before an engine is asked, on any database: the unit tier's stack."""
+    client = fake_stack.client()
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(
             model="rlgate-policy", messages=Q, max_tokens=4, **{name: value}

@@ -1,10 +1,20 @@
-"""Sessions three ways: per-session key, fixed key + X-Session-Id, fixed key stitching."""
+"""Sessions three ways: per-session key, fixed key + X-Session-Id, fixed key stitching.
+
+On each database, with the gateway in-process in front of a fake engine
+(``fake_db_stack``): what groups calls into sessions is the gateway's and the database's,
+not the model's tokens."""
 
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.gateway.helpers import wait_recorded
+
+
+@pytest.fixture(scope="module")
+def stack(fake_db_stack):  # type: ignore[no-untyped-def]
+    return fake_db_stack
 
 
 def _turn(client, messages, **extra):  # type: ignore[no-untyped-def]

@@ -1,6 +1,7 @@
 """Unknown ids do not starve the gateway, logins are rate limited, and the public
-switches open /metrics and /openapi.json: one gateway process on SQLite with its own
-settings. It needs no model engine (feedback, sessions and the dashboard login do not
+switches open /metrics and /openapi.json: one gateway on SQLite with its own settings,
+served from this process (tests/gateway/fake_engine.py in_process_gateway, the settings a
+gateway process reads). It needs no model engine (feedback, sessions and the dashboard login do not
 call one), so its engine URL points at a closed port and /health says 503."""
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from core.db import make_engine, session_factory, transaction
 from core.keys import create_key
 from core.migrate import upgrade
 from gateway.routes.waits import WaitSlots
+from tests.gateway.fake_engine import InProcess, in_process_gateway
 from tests.gateway.helpers import run_in_fresh_loop
-from tests.servers import Proc, free_port, gateway
+from tests.servers import free_port
 
 ADMIN = "bootstrap-" + secrets.token_hex(20)
 WAIT_S = 6.0
@@ -28,7 +30,7 @@ BAD_POSTS = 120
 
 
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, object]]:
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[InProcess, object]]:
     data_dir: Path = tmp_path_factory.mktemp("gw-unknown-ids")
     db_url = f"sqlite:///{data_dir / 'rlgate.db'}"
     upgrade(db_url)
@@ -43,7 +45,8 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, object]
         "session_key_grace_s": "0",
     }
     try:
-        with gateway(data_dir, db_url, f"http://127.0.0.1:{free_port()}", **settings) as p:
+        closed = f"http://127.0.0.1:{free_port()}"
+        with in_process_gateway(data_dir, db_url, closed, **settings) as p:
             yield p, session_factory(engine)
     finally:
         engine.dispose()

@@ -1,24 +1,37 @@
-"""Settings defaults, overrides, masking, and one-line errors for bad configuration."""
+"""Settings defaults, overrides, masking, and one-line errors for bad configuration.
+
+The commands run in this process (Click's runner: the same ``rlgate`` group, its exit
+code, its stdout and stderr apart), with ``env`` set while each runs; what only a fresh
+interpreter shows (which modules the command line imports) runs as a process."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import pytest
+from click.testing import CliRunner
 
-from core.settings import EMBEDDED_ENGINE_URL, PACKAGED_MODEL, Settings
+from core.settings import EMBEDDED_ENGINE_URL, PACKAGED_MODEL, Settings, get_settings
 
 
-def rlgate(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    import os
+@dataclass
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
 
-    return subprocess.run(
-        [sys.executable, "-m", "rlgate.cli", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
+
+def rlgate(*args: str, env: dict | None = None) -> Ran:
+    from rlgate.cli import main
+
+    get_settings.cache_clear()  # read the settings ``env`` makes, as a new process would
+    try:
+        out = CliRunner().invoke(main, list(args), env=env)
+    finally:
+        get_settings.cache_clear()
+    return Ran(out.exit_code, out.stdout, out.stderr)
 
 
 def test_defaults_give_the_embedded_shape(tmp_path, monkeypatch):

@@ -6,8 +6,10 @@ RecursionError. Now the admin API checks its JSON bodies as the client APIs do
 is refused before any route runs (gateway/edge/body_limit.py: 404 for a path, since no id holds
 a NUL; 400 naming the query parameter).
 
-A live gateway on PostgreSQL with the real engine, the bootstrap admin key (it may act
-on any project, so every value reaches the database) and agent keys.
+A gateway on PostgreSQL (served in this process) in front of a fake engine
+(tests/gateway/fake_engine.py: no call here reaches an engine; what is tested is what the
+gateway answers before one would), the bootstrap admin key (it may act on any project, so
+every value reaches the database) and agent keys.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import pytest
 from sqlalchemy import func, select
 
 from schemas.tables import ApiKeyRow
-from tests.gateway.conftest import engine, model_dir, session_pg_url  # noqa: F401
+from tests.gateway.conftest import session_pg_url  # noqa: F401
+from tests.gateway.fake_engine import FakeEngine, serving
 from tests.security.live import Live, pg_gateway
 
 ADMIN = "bootstrap-admin-key-" + "n" * 32
@@ -30,10 +33,13 @@ DEEP = 100_000
 
 
 @pytest.fixture(scope="module")
-def live(engine, session_pg_url, tmp_path_factory) -> Iterator[Live]:  # noqa: F811
-    with pg_gateway(
-        tmp_path_factory.mktemp("no-500"), session_pg_url, engine.url, admin_key=ADMIN
-    ) as gw:
+def live(session_pg_url, tmp_path_factory) -> Iterator[Live]:  # noqa: F811
+    with (
+        serving(FakeEngine().app()) as engine_url,
+        pg_gateway(
+            tmp_path_factory.mktemp("no-500"), session_pg_url, engine_url, admin_key=ADMIN
+        ) as gw,
+    ):
         gw.key("admin", "p1")  # the project the routes name
         yield gw
 

@@ -1,9 +1,10 @@
-"""The eval gate on real parts: the embedded engine with the real packaged model, real
-PEFT adapters, SQLite and PostgreSQL. Two adapters are made deterministically: the zero
-adapter (LoRA B = 0: greedy outputs equal the base model's) and a seeded one (B random:
-different outputs, checked first). The gate's prompts expect the base model's own greedy
-outputs, scored by the registered ``contains`` verifier, so the zero adapter is the
-better candidate and the seeded one the worse, whichever is serving."""
+"""The eval gate on real parts: the embedded engine with the real packaged model (served
+from this process), real PEFT adapters, SQLite and PostgreSQL. Two adapters are made
+deterministically: the zero adapter (LoRA B = 0: greedy outputs equal the base model's)
+and a seeded one (B random: different outputs, checked first). The gate's prompts expect
+the base model's own greedy outputs, scored by the registered ``contains`` verifier, so
+the zero adapter is the better candidate and the seeded one the worse, whichever is
+serving."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from core.db import transaction
 from core.settings import Settings, get_settings
 from schemas.coltypes import utcnow
 from schemas.tables import AuditEventRow, PolicyVersionRow, ProjectRow, TrainingRunRow
-from tests.servers import engine_cmd, free_port, running
+from tests.servers import in_process_engine
 from tests.trainer.helpers import MODEL_DIR, _tokenizer, render
 from trainer import publish, runner, runs, serving_switch
 from trainer.reward_registry import REGISTRY
@@ -34,14 +35,11 @@ MAX_NEW = 8
 
 
 @pytest.fixture(scope="module")
-def engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    log = tmp_path_factory.mktemp("gate-engine") / "engine.log"
-    cmd = engine_cmd(
-        port, "--max-lora-rank", "8", "--max-loaded-loras", "4", "--context-length", "256"
-    )
-    with running(cmd, {}, log, port) as p:
-        yield p.url
+def engine_url() -> Iterator[str]:
+    """The embedded engine, served from this process (what the gate asks of it is over
+    HTTP all the same; the one test with a worker process reaches it there too)."""
+    with in_process_engine(max_lora_rank=8, max_loaded_loras=4, context_length=256) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
