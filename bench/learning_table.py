@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,18 @@ def reached(data: dict[str, Any], target: float) -> tuple[int, bool]:
     return max(data["budget"], points[-1]["ratings"] if points else 0), False
 
 
+def curve_mean(data: dict[str, Any]) -> float:
+    """Held-out agreement averaged over the whole curve, 0 to the last point's ratings: each
+    point's policy counts for the ratings until the next point (the served policy's area
+    under the curve, per rating). The whole curve, not its best point."""
+    points = data["points"]
+    span = points[-1]["ratings"] - points[0]["ratings"] if len(points) > 1 else 0
+    if span <= 0:
+        return points[0]["agreement"] if points else 0.0
+    area = sum(a["agreement"] * (b["ratings"] - a["ratings"]) for a, b in pairwise(points))
+    return area / span
+
+
 def table(results: dict[tuple[str, int], dict[str, Any]], seeds: list[int], target: float) -> str:
     variants = [v for v in VARIANTS if any((v, s) in results for s in seeds)]
     head = ["variant", *[f"seed {s}" for s in seeds], "median", "spread (min-max)", "final"]
@@ -50,6 +63,7 @@ def table(results: dict[tuple[str, int], dict[str, Any]], seeds: list[int], targ
         "|" + "---|" * len(head),
     ]
     needed: dict[str, dict[int, int]] = {}
+    means: list[str] = []
     for v in variants:
         cells, values, finals = [], [], []
         for s in seeds:
@@ -63,6 +77,10 @@ def table(results: dict[tuple[str, int], dict[str, Any]], seeds: list[int], targ
             cells.append(str(n) if ok else f">{n}")
             first, last = data["points"][0], data["points"][-1]
             finals.append(f"{first['agreement']:.0%}->{last['agreement']:.0%}")
+        curve = {s: curve_mean(d) for s in seeds if (d := results.get((v, s))) and d["points"]}
+        cols = [f"{curve[s]:.0%}" if s in curve else "-" for s in seeds]
+        med_curve = f"{statistics.median(curve.values()):.0%}" if curve else "-"
+        means.append("| " + " | ".join([v, *cols, med_curve]) + " |")
         med = statistics.median(values) if values else None
         spread = f"{min(values)}-{max(values)}" if values else "-"
         lines.append(
@@ -72,6 +90,15 @@ def table(results: dict[tuple[str, int], dict[str, Any]], seeds: list[int], targ
             + ", ".join(finals)
             + " |"
         )
+    lines += [
+        "",
+        "Held-out agreement averaged over the whole curve (each policy weighted by the ratings "
+        "it served)",
+        "",
+        "| variant | " + " | ".join(f"seed {s}" for s in seeds) + " | median |",
+        "|" + "---|" * (len(seeds) + 2),
+        *means,
+    ]
     if "thumbs" in needed and "comments" in needed:
         ratios = [
             f"seed {s}: {needed['comments'][s] / needed['thumbs'][s]:.2f}"
