@@ -88,18 +88,8 @@ def fake_stack(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     """A ``Stack`` of the unit tier: the gateway app in-process on a fresh SQLite file, in
     front of a FakeEngine (each /generate answers the same short text unless the test
     scripts its next answers: ``fake_stack.engine.script(...)``), one per module."""
-    from tests.gateway.fake_engine import FakeEngine, in_process_gateway, serving
-
     data_dir = tmp_path_factory.mktemp("gw-fake")
-    db_url = f"sqlite:///{data_dir / 'rlgate.db'}"
-    upgrade(db_url)
-    db_engine = make_engine(db_url)
-    fake = FakeEngine()
-    with serving(fake.app()) as engine_url:
-        fake.url = engine_url
-        with in_process_gateway(data_dir, db_url, engine_url) as gw:
-            yield Stack(gw, fake, db_url, session_factory(db_engine), data_dir)  # type: ignore[arg-type]
-    db_engine.dispose()
+    yield from _fake_stack(data_dir, f"sqlite:///{data_dir / 'rlgate.db'}")
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -108,13 +98,18 @@ def fake_db_stack(request, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     database): for what the database decides (keys, sessions, records) but no real
     model's tokens do. The gateway app in-process, in front of a FakeEngine, one per
     module and backend."""
-    from tests.gateway.fake_engine import FakeEngine, in_process_gateway, serving
-
     data_dir = tmp_path_factory.mktemp(f"gw-fake-{request.param}")
     if request.param == "sqlite":
         db_url = f"sqlite:///{data_dir / 'rlgate.db'}"
     else:
         db_url = request.getfixturevalue("session_pg_url")
+    yield from _fake_stack(data_dir, db_url)
+
+
+def _fake_stack(data_dir: Path, db_url: str) -> Iterator[Stack]:
+    """The gateway app in-process on ``db_url`` (migrated here), in front of a FakeEngine."""
+    from tests.gateway.fake_engine import FakeEngine, in_process_gateway, serving
+
     upgrade(db_url)
     db_engine = make_engine(db_url)
     fake = FakeEngine()
