@@ -109,7 +109,7 @@ def never_trained(row: InteractionRow) -> str | None:
     for f in sampling_fields.penalizing():
         value = getattr(row, f.column)
         if value is not None and value != f.default:
-            return f.logprobs
+            return "penalized"
     return None
 
 
