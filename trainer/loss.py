@@ -14,8 +14,14 @@ Three policies meet here, per sampled token:
                                                    - log pi_prox(a_t | s), +-hint_clip)
               (the hint term only on samples with a hint: trainer/hints.py)
     loss_t  = min(w, w_cap) * pg * keep  +  kl_coef * k3(pi_theta || pi_base)
+              + distill_weight * KL_k(pi_teacher(. | s + hint) || pi_theta(. | s))
               - entropy_coef * H_t          (H_t: entropy of pi_theta at the token's position;
                                              with entropy_floor, only while mean H < floor)
+
+KL_k (:func:`topk_kl`, samples with a hint only) is the forward KL over the teacher's whole
+next-token distribution at the answer's position, coarsened to the teacher's ``distill_topk``
+likeliest tokens and one bucket for the rest: it reaches tokens the answer never sampled
+(ending early, for a taste of form), which the hint's token advantage cannot.
 
 Aggregation: ``token-mean`` divides the sum over sampled tokens by their number;
 ``seq-mean`` averages per sequence first, then over sequences. Masked tokens count in the
@@ -82,6 +88,14 @@ class LossConfig:
     hint_clip: float = knob(
         2.0, bounds=(0.01, 20.0), help="bound on a token's hint advantage (a log-ratio)"
     )
+    distill_weight: float = knob(
+        0.0,
+        bounds=(0.0, 10.0),
+        help="weight of the KL to the hinted teacher's next-token distribution (0: unused)",
+    )
+    distill_topk: int = knob(
+        32, bounds=(1, 1024), help="teacher tokens kept per position for that KL (+ the rest)"
+    )
     aggregation: str = knob(
         "token-mean",
         choices=("token-mean", "seq-mean"),
@@ -89,18 +103,32 @@ class LossConfig:
     )
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor):
-    """log_softmax(logits / T)[target]; T is per row (broadcast), T == 0 means T = 1."""
+def log_softmax_at(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """log_softmax(logits / T) per row; T is per row (broadcast), T == 0 means T = 1."""
     t = torch.where(temperature > 1e-6, temperature, torch.ones_like(temperature))
-    scaled = logits.float() / t.unsqueeze(-1).to(torch.float32)
-    return torch.log_softmax(scaled, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return torch.log_softmax(logits.float() / t.unsqueeze(-1).to(torch.float32), dim=-1)
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor):
+    """log_softmax(logits / T)[target] (T as in :func:`log_softmax_at`)."""
+    logp = log_softmax_at(logits, temperature)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
 def token_entropy(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits / T) per row (T as in :func:`token_logprobs`)."""
-    t = torch.where(temperature > 1e-6, temperature, torch.ones_like(temperature))
-    logp = torch.log_softmax(logits.float() / t.unsqueeze(-1).to(torch.float32), dim=-1)
+    """Entropy of softmax(logits / T) per row (T as in :func:`log_softmax_at`)."""
+    logp = log_softmax_at(logits, temperature)
     return -(logp.exp() * logp).sum(-1)
+
+
+def topk_kl(teacher_logp: torch.Tensor, student_logp: torch.Tensor) -> torch.Tensor:
+    """KL(teacher || student) per position [N] over the partition {each of the teacher's top
+    k tokens, the rest}, from both log-probs at those tokens [N, k]: >= 0, 0 when the two
+    agree on the k tokens. The gradient reaches the student through all k and the rest."""
+    p_t, p_s = teacher_logp.exp(), student_logp.exp()
+    rest_t = (1.0 - p_t.sum(-1)).clamp(min=1e-8)
+    rest_s = (1.0 - p_s.sum(-1)).clamp(min=1e-8)
+    return (p_t * (teacher_logp - student_logp)).sum(-1) + rest_t * (rest_t.log() - rest_s.log())
 
 
 def k3(logp_other: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
@@ -137,6 +165,7 @@ def ppo_loss(
     cfg: LossConfig,
     ref_logp: torch.Tensor | None = None,  # [B, T] base model, for the KL term
     entropy: torch.Tensor | None = None,  # [B, T] entropy of pi_theta per position
+    distill: torch.Tensor | None = None,  # [B, T] topk_kl to the hinted teacher (0: no hint)
     stale: torch.Tensor | None = None,  # [B] bool: sampled by another policy version
     num_tokens: float | None = None,
     num_seqs: float | None = None,
@@ -169,6 +198,9 @@ def ppo_loss(
     if cfg.kl_coef and ref_logp is not None:
         kl = k3(ref_logp.detach(), logp)  # KL(pi_theta || pi_base)
         per_token = per_token + cfg.kl_coef * kl * m
+    dkl = distill if distill is not None else torch.zeros_like(logp)
+    if cfg.distill_weight and distill is not None:
+        per_token = per_token + cfg.distill_weight * distill * m
     ent = entropy if entropy is not None else torch.zeros_like(logp)
     mean_ent = float((ent.detach() * m).sum() / m.sum().clamp(min=1.0))
     if cfg.entropy_coef and (cfg.entropy_floor is None or mean_ent < cfg.entropy_floor):
@@ -200,6 +232,7 @@ def ppo_loss(
             masked_mismatch_frac=float((dropped & ~old.unsqueeze(-1)).float().sum() / n),
             kl=float((kl * m).sum() / n),
             kl_prox=float((k3(prox_logp, logp.detach()) * m).sum() / n),
+            distill_kl=float((dkl.detach() * m).sum() / n),
             entropy=mean_ent,
             tokens=float(m.sum()),
         )

@@ -49,6 +49,9 @@ METRICS: tuple[Metric, ...] = (
     ),
     Metric("tokens_per_s", "tokens/s", "step", chart=True),
     Metric("hint_adv_mean", "hint advantage per token (hinted samples)", "step", summary=True),
+    Metric(
+        "distill_kl", "KL of the hinted teacher to the policy (per token)", "loss", summary=True
+    ),
     Metric("dual_clip_frac", "dual-clip fraction", "loss", summary=True),
     Metric("ratio_mean", "ratio pi_theta / pi_prox", "loss"),
     Metric("iw_mean", "behaviour weight pi_prox / mu", "loss"),

@@ -18,10 +18,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -36,9 +37,39 @@ from trainer.forward import (
     padded_hidden,
     shared_prompt_hidden,
 )
-from trainer.loss import token_entropy, token_logprobs
+from trainer.loss import log_softmax_at
 
-__all__ = ["MIN_SHARED_PREFIX", "MicroBatch", "Policy", "_cost", "make_micro_batches"]
+
+class TeacherScores(NamedTuple):
+    """A teacher's view of one answer, per sampled position: the sampled token's log-prob
+    [L], and its ``k`` likeliest tokens [L, k] with their log-probs [L, k] (k = 0: none)."""
+
+    logp: torch.Tensor
+    top_index: torch.Tensor
+    top_logp: torch.Tensor
+
+    def to(self, device: torch.device | str) -> TeacherScores:
+        return TeacherScores(*(t.to(device) for t in self))
+
+
+class HeadOut(NamedTuple):
+    """Per sample: the sampled tokens' log-probs, the entropy at their positions (or None),
+    and the log-probs at the indices asked for (None where none were asked)."""
+
+    logprobs: list[torch.Tensor]
+    entropy: list[torch.Tensor] | None
+    at: list[torch.Tensor | None]
+
+
+__all__ = [
+    "MIN_SHARED_PREFIX",
+    "HeadOut",
+    "MicroBatch",
+    "Policy",
+    "TeacherScores",
+    "_cost",
+    "make_micro_batches",
+]
 
 log = logging.getLogger("rlgate.trainer")
 
@@ -156,26 +187,53 @@ class Policy:
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """Logprobs as :meth:`batch_logprobs`, and (unless ``entropy_grad`` is None) the
         policy's entropy at each sampled position, with its gradient if ``entropy_grad``."""
+        out = self.forward(batch, entropy_grad)
+        return out.logprobs, out.entropy
+
+    def forward(
+        self,
+        batch: MicroBatch,
+        entropy_grad: bool | None = None,
+        at: list[torch.Tensor | None] | None = None,
+    ) -> HeadOut:
+        """The batch's decoder forward and :meth:`head`; ``at``: per sample, token indices
+        [L, k] whose log-probs to return at each sampled position (None: not for it)."""
+        return self.head(self.hidden(batch), batch.samples, entropy_grad, at)
+
+    def hidden(self, batch: MicroBatch) -> torch.Tensor:
+        """The decoder's hidden states that predict each sampled token, in order."""
         if self.plain_forward:
-            return self.head(self.padded_hidden(batch, 0), batch.samples, entropy_grad)
+            return self.padded_hidden(batch, 0)
         forward = self.shared_prompt_hidden if batch.shares_prompts else self.padded_hidden
-        return self.head(forward(batch, batch.prefix), batch.samples, entropy_grad)
+        return forward(batch, batch.prefix)
 
     def head(
-        self, h: torch.Tensor, samples: list[Sample], entropy_grad: bool | None = None
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-        """LM head on the hidden states that predict each sampled token, then logprobs."""
-        targets = [t for s in samples for t in s.completion_ids]
-        temps = torch.tensor([s.temperature for s in samples for _ in s.completion_ids])
+        self,
+        h: torch.Tensor,
+        samples: list[Sample],
+        entropy_grad: bool | None = None,
+        at: list[torch.Tensor | None] | None = None,
+    ) -> HeadOut:
+        """LM head on the hidden states that predict each sampled token: their log-probs at
+        each sample's temperature, the entropy there, and the log-probs at ``at``."""
         dev = self.device
+        targets = torch.tensor([t for s in samples for t in s.completion_ids], device=dev)
+        temps = torch.tensor([s.temperature for s in samples for _ in s.completion_ids])
         logits = self.model.get_base_model().get_output_embeddings()(h)
-        lp = token_logprobs(logits, torch.tensor(targets, device=dev), temps.to(dev))
+        logp = log_softmax_at(logits, temps.to(dev))
         sizes = [len(s.completion_ids) for s in samples]
+        lp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        picked: list[torch.Tensor | None] = [None] * len(samples)
+        if at is not None:
+            for i, (rows, idx) in enumerate(zip(logp.split(sizes), at, strict=True)):
+                if idx is not None:
+                    picked[i] = rows.gather(-1, idx.to(dev))
         if entropy_grad is None:
-            return list(lp.split(sizes)), None
+            return HeadOut(list(lp.split(sizes)), None, picked)
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            ent = token_entropy(logits if entropy_grad else logits.detach(), temps.to(dev))
-        return list(lp.split(sizes)), list(ent.split(sizes))
+            src = logp if entropy_grad else logp.detach()
+            ent = -(src.exp() * src).sum(-1)
+        return HeadOut(list(lp.split(sizes)), list(ent.split(sizes)), picked)
 
     def shared_prompt_hidden(self, batch: MicroBatch, prefix: int = 0) -> torch.Tensor:
         return shared_prompt_hidden(self._decoder(), batch, self.device, prefix)
@@ -201,6 +259,37 @@ class Policy:
                         lps = self.batch_logprobs(batch)
                 for s, lp in zip(batch.samples, lps, strict=True):
                     out[s.interaction_id] = lp.float()
+        finally:
+            self.model.train(was_training)
+        return out
+
+    @torch.no_grad()
+    def teacher_scores(
+        self, batches: list[MicroBatch], adapter: bool, k: int
+    ) -> dict[str, TeacherScores]:
+        """No-gradient :class:`TeacherScores` by interaction id: each sampled token's
+        log-prob and the ``k`` likeliest tokens at its position (adapter on or off)."""
+        was_training = self.model.training
+        self.model.eval()
+        out: dict[str, TeacherScores] = {}
+        base = self.model.get_base_model()
+        try:
+            for batch in batches:
+                with contextlib.nullcontext() if adapter else self.model.disable_adapter():
+                    logits = base.get_output_embeddings()(self.hidden(batch))
+                ss = batch.samples
+                temps = torch.tensor([s.temperature for s in ss for _ in s.completion_ids])
+                logp = log_softmax_at(logits, temps.to(self.device))
+                targets = torch.tensor([t for s in ss for t in s.completion_ids])
+                lp = logp.gather(-1, targets.to(self.device).unsqueeze(-1)).squeeze(-1)
+                top = logp.topk(k, dim=-1) if k else None
+                sizes = [len(s.completion_ids) for s in ss]
+                index = top.indices if top is not None else lp.new_zeros(len(targets), 0).long()
+                values = top.values if top is not None else lp.new_zeros(len(targets), 0)
+                for s, a, b, c in zip(
+                    ss, lp.split(sizes), index.split(sizes), values.split(sizes), strict=True
+                ):
+                    out[s.interaction_id] = TeacherScores(a.float(), b, c.float())
         finally:
             self.model.train(was_training)
         return out

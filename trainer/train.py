@@ -18,11 +18,11 @@ from tqdm.auto import tqdm
 from trainer.config import TrainConfig
 from trainer.data import Sample
 from trainer.dist import LOCAL, Dist, split_even
-from trainer.loss import ppo_loss, token_advantages
+from trainer.loss import ppo_loss, token_advantages, topk_kl
 from trainer.merge import chains
 from trainer.merge import units as merge_units
 from trainer.metrics import combine, finish
-from trainer.policy import MicroBatch, Policy, make_micro_batches
+from trainer.policy import MicroBatch, Policy, TeacherScores, make_micro_batches
 
 log = logging.getLogger("rlgate.trainer")
 
@@ -86,19 +86,29 @@ def _plain_cost(b: MicroBatch) -> int:
 def rank_logprobs(
     policy: Policy, batches: list[MicroBatch], adapter: bool, dist: Dist = LOCAL
 ) -> dict[str, torch.Tensor]:
-    """:meth:`Policy.logprobs` of ``batches``; with several ranks each forwards its share
-    (padded with the smallest batch to as many forwards as the busiest rank: FSDP's
-    gathers must pair up) and every rank gets all of them."""
+    """:meth:`Policy.logprobs` of ``batches``, every rank's share (:func:`rank_scores`)."""
+    return rank_scores(batches, lambda mine: policy.logprobs(mine, adapter), policy.device, dist)
+
+
+def rank_scores(
+    batches: list[MicroBatch],
+    score: Callable[[list[MicroBatch]], dict[str, Any]],
+    device: torch.device,
+    dist: Dist = LOCAL,
+) -> dict[str, Any]:
+    """``score(batches)`` (a dict of tensors, or of tuples of tensors, by interaction id);
+    with several ranks each scores its share (padded with the smallest batch to as many
+    forwards as the busiest rank: FSDP's gathers must pair up) and every rank gets all."""
     if not dist.on:
-        return policy.logprobs(batches, adapter=adapter)
+        return score(batches)
     parts = split_even([_plain_cost(b) for b in batches], dist.world)
     mine = [batches[i] for i in parts[dist.rank]]
     if batches:
         smallest = min(batches, key=_plain_cost)
         mine += [smallest] * (max(map(len, parts)) - len(mine))
-    out: dict[str, torch.Tensor] = {}
-    for got in dist.gather({k: v.cpu() for k, v in policy.logprobs(mine, adapter).items()}):
-        out.update({k: v.to(policy.device) for k, v in got.items()})
+    out: dict[str, Any] = {}
+    for got in dist.gather({k: v.to("cpu") for k, v in score(mine).items()}):
+        out.update({k: v.to(device) for k, v in got.items()})
     return out
 
 
@@ -121,27 +131,32 @@ def rank_micro_batches(
     return [b for p in per_rank for b in p], per_rank[dist.rank], max(map(len, per_rank))
 
 
-def hint_teacher_logprobs(
+def hint_teacher_scores(
     policy: Policy, samples: list[Sample], cfg: TrainConfig, dist: Dist = LOCAL
-) -> dict[str, torch.Tensor]:
-    """log pi_teacher(a_t | s + hint) of the sampled tokens of every sample with a hint
+) -> dict[str, TeacherScores]:
+    """The hinted teacher's view (:class:`TeacherScores`) of every sample with a hint
     (trainer/hints.py), by interaction id, before any step: the teacher is the base model
-    (``hint_teacher = "base"``, the adapter off) or the policy as it starts this run.
-    Nothing when ``hint_weight`` is 0."""
+    (``hint_teacher = "base"``, the adapter off) or the policy as it starts this run. Its
+    ``distill_topk`` likeliest tokens per position only with ``distill_weight``; nothing
+    when neither ``hint_weight`` nor ``distill_weight`` is set."""
     hinted = [s for s in samples if s.hinted_prompt is not None]
-    if not hinted or not cfg.hint_weight:
+    if not hinted or not (cfg.hint_weight or cfg.distill_weight):
         return {}
     rows = [replace(s, prompt_ids=s.hinted_prompt, session_id="") for s in hinted]
     batches = make_micro_batches(rows, cfg.micro_batch_tokens, merge=False)
-    return rank_logprobs(policy, batches, cfg.hint_teacher == "policy", dist)
+    k = cfg.distill_topk if cfg.distill_weight else 0
+    adapter = cfg.hint_teacher == "policy"
+    return rank_scores(
+        batches, lambda mine: policy.teacher_scores(mine, adapter, k), policy.device, dist
+    )
 
 
 def _hint_gap_mean(
-    rows: list[Sample], teacher: dict[str, torch.Tensor], prox: dict[str, torch.Tensor], cfg
+    rows: list[Sample], teacher: dict[str, TeacherScores], prox: dict[str, torch.Tensor], cfg
 ) -> float:
     """Mean clipped hint advantage over the hinted samples' tokens (0.0 without any)."""
     gaps = [
-        (teacher[s.interaction_id] - prox[s.interaction_id].to(teacher[s.interaction_id]))
+        (teacher[s.interaction_id].logp - prox[s.interaction_id].to(teacher[s.interaction_id].logp))
         .clamp(-cfg.hint_clip, cfg.hint_clip)
         .cpu()
         for s in rows
@@ -208,7 +223,7 @@ def train(
         ref = rank_logprobs(policy, ref_batches, False, dist)
         for k, v in forward_stats(ref_batches, samples, cfg).items():
             no_grad[k] += v
-    teacher = hint_teacher_logprobs(policy, samples, cfg, dist)
+    teacher = hint_teacher_scores(policy, samples, cfg, dist)
     steps: list[dict[str, Any]] = []
     total = cfg.epochs * n_mb
     bar = tqdm(
@@ -230,8 +245,15 @@ def train(
             ms: list[dict[str, float]] = []
             first = epoch == 0 and mb_index == 0 and reuse_first
             for mb in mine:
-                logps, ents = policy.batch_logprobs_entropy(mb, bool(cfg.entropy_coef))
                 ss = mb.samples
+                distill = bool(cfg.distill_weight) and any(s.interaction_id in teacher for s in ss)
+                at = [
+                    teacher[s.interaction_id].top_index if s.interaction_id in teacher else None
+                    for s in ss
+                ]
+                logps, ents, picked = policy.forward(
+                    mb, bool(cfg.entropy_coef), at if distill else None
+                )
                 if first:
                     for s, lp in zip(ss, logps, strict=True):
                         prox[s.interaction_id] = lp.detach().float()
@@ -242,9 +264,7 @@ def train(
                     torch.tensor([s.advantage for s in ss], device=dev),
                     mask.to(dev),
                     cfg,
-                    _pad([teacher.get(s.interaction_id, prox[s.interaction_id]) for s in ss]).to(
-                        dev
-                    )
+                    _pad([_teacher_logp(teacher, prox, s.interaction_id) for s in ss]).to(dev)
                     if any(hinted)
                     else None,
                     prox_mb,
@@ -263,6 +283,7 @@ def train(
                     cfg,  # a TrainConfig is the LossConfig
                     ref_logp=_pad([ref[s.interaction_id] for s in ss]).to(dev) if ref else None,
                     entropy=_pad(ents).to(dev) if ents is not None else None,
+                    distill=_distill(teacher, ss, picked, dev) if distill else None,
                     stale=torch.tensor([s.version != policy_version for s in ss]),
                     num_tokens=num_tokens,
                     num_seqs=num_seqs,
@@ -361,6 +382,29 @@ def train(
         for got in dist.gather(dict(hint_gaps)):
             hint_gaps.update(got)
     return steps
+
+
+def _teacher_logp(
+    teacher: dict[str, TeacherScores], prox: dict[str, torch.Tensor], iid: str
+) -> torch.Tensor:
+    return teacher[iid].logp if iid in teacher else prox[iid]
+
+
+def _distill(
+    teacher: dict[str, TeacherScores],
+    samples: list[Sample],
+    picked: list[torch.Tensor | None],
+    dev: torch.device,
+) -> torch.Tensor:
+    """[B, T] :func:`trainer.loss.topk_kl` of each hinted sample's teacher to the policy at
+    its answer's positions (with the policy's gradient); zeros for the samples without."""
+    rows = []
+    for s, mine in zip(samples, picked, strict=True):
+        if mine is None:
+            rows.append(torch.zeros(len(s.completion_ids), device=dev))
+        else:
+            rows.append(topk_kl(teacher[s.interaction_id].top_logp.to(dev), mine))
+    return _pad(rows)
 
 
 def _idle_pass(policy: Policy, mb: MicroBatch) -> None:

@@ -5,6 +5,9 @@
   likelier, so the end-of-turn token after it gets a positive advantage and a token that
   goes on gets a negative one;
 - the combined loss equals the scalar loss when the hint weight is 0;
+- the distillation term (the KL over the hinted teacher's likeliest next tokens): zero
+  where teacher and policy agree, and, with the real model, it teaches the token the answer
+  never sampled (ending after the first sentence), which the token advantage cannot;
 - a hint that is whitespace only, too long, or that cannot be placed is refused with its
   reason;
 - where hints come from (a comment on the answer, on its session, the user's next message
@@ -36,8 +39,8 @@ from trainer.config import TrainConfig
 from trainer.data import Sample
 from trainer.forward import make_micro_batches
 from trainer.hints import MAX_HINT_CHARS, Placer, attach, clean, find_hints
-from trainer.loss import LossConfig, ppo_loss, token_advantages
-from trainer.train import hint_teacher_logprobs
+from trainer.loss import LossConfig, ppo_loss, token_advantages, topk_kl
+from trainer.train import hint_teacher_scores, train
 
 HINT = "Answer in one short sentence."
 QUESTION = "What is a volcano?"
@@ -80,7 +83,7 @@ def test_the_hint_moves_the_tokens_it_speaks_about(policy, teacher: str) -> None
     short = _sample("short", prompt, [*first, end], hinted)
     long = _sample("long", prompt, [*first, *more], hinted)
     cfg = TrainConfig(lora_rank=4, hint_teacher=teacher)
-    with_hint = hint_teacher_logprobs(policy, [short, long], cfg)
+    with_hint = {k: v.logp for k, v in hint_teacher_scores(policy, [short, long], cfg).items()}
     without = policy.logprobs(make_micro_batches([short, long], 4096), adapter=True)
     gap_end = float(with_hint["short"][-1] - without["short"][-1])
     gap_more = float(with_hint["long"][len(first)] - without["long"][len(first)])
@@ -123,6 +126,79 @@ def test_hint_weight_zero_is_the_scalar_loss() -> None:
     assert torch.allclose(combined[2, 3:], torch.full((2,), 2.0 * float(adv[2])))  # padding
     loss_on, _ = ppo_loss(logp, prox, behav, combined, mask, on)
     assert float(loss_on) != pytest.approx(float(scalar))
+
+
+def test_topk_kl_is_zero_where_teacher_and_policy_agree() -> None:
+    g = torch.Generator().manual_seed(0)
+    teacher = torch.log_softmax(torch.randn(4, 50, generator=g), -1)
+    top = teacher.topk(8, dim=-1)
+    assert torch.allclose(topk_kl(top.values, top.values), torch.zeros(4), atol=1e-6)
+    # the policy lower on the teacher's first choice: a positive KL, and its gradient
+    # raises that token
+    student = torch.log_softmax(torch.randn(4, 50, generator=g), -1).requires_grad_()
+    kl = topk_kl(top.values, student.gather(-1, top.indices))
+    assert bool((kl > 0).all())
+    kl.sum().backward()
+    first = student.grad.gather(-1, top.indices[:, :1])  # type: ignore[union-attr]
+    assert bool((first < 0).all())  # descent on the KL raises the teacher's likeliest token
+    # weight 0: the loss is the scalar loss, whatever the KL
+    mask = torch.ones(4, 3, dtype=torch.bool)
+    logp = torch.randn(4, 3, generator=g) - 2
+    adv = torch.tensor([0.5, -1.0, 0.2, 0.0])
+    cfg = LossConfig()
+    scalar, _ = ppo_loss(logp, logp, logp, adv, mask, cfg)
+    dkl = torch.rand(4, 3, generator=g)
+    off, m = ppo_loss(logp, logp, logp, adv, mask, cfg, distill=dkl)
+    assert float(off) == pytest.approx(float(scalar), abs=1e-7)
+    assert m["distill_kl"] == pytest.approx(float(dkl.mean()))
+    on, _ = ppo_loss(logp, logp, logp, adv, mask, LossConfig(distill_weight=0.5), distill=dkl)
+    assert float(on) == pytest.approx(float(scalar) + 0.5 * float(dkl.mean()), abs=1e-6)
+
+
+@pytest.mark.slow
+def test_distillation_teaches_the_end_the_answer_never_sampled() -> None:
+    """The long answer went on after its first sentence; the hint asks for one sentence.
+    Its token advantage can only push down the token it sampled there (" It"); the
+    distillation term raises the end-of-turn token at that position, which it never
+    sampled. Steps on that term alone (no reward, no token advantage, no KL to the base)."""
+    from trainer.policy import Policy
+
+    tok = _tokenizer()
+    prompt = render(QUESTION)
+    hinted, _ = Placer(tok).place(prompt, HINT)
+    first = tok.encode("A volcano is a mountain that erupts lava.", add_special_tokens=False)
+    more = tok.encode(" It is formed when magma rises", add_special_tokens=False)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    long = _sample("long", prompt, [*first, *more], hinted)
+    model_dir = resolve_model_dir(PACKAGED_MODEL, MODEL_CACHE)
+    cfg = TrainConfig(
+        lora_rank=4,
+        reward_weight=0.0,
+        hint_weight=0.0,
+        kl_coef=0.0,
+        distill_weight=1.0,
+        distill_topk=16,
+        kl_prox_target=None,
+        epochs=4,
+        num_minibatches=1,
+    )
+    policy = Policy.load(model_dir, cfg)
+
+    def p_end() -> float:
+        h = policy.hidden(make_micro_batches([long], 4096)[0])
+        out = policy.head(h, [long], None, [torch.full((len(long.completion_ids), 1), end)])
+        return float(out.at[0][len(first), 0].exp())  # type: ignore[index]
+
+    with torch.no_grad():
+        before = p_end()
+    teacher = hint_teacher_scores(policy, [long], cfg)["long"]
+    assert int(end) in teacher.top_index[len(first)].tolist()  # the teacher would end here
+    steps = train(policy, policy.make_optimizer(cfg, None), [long], cfg, progress=False)
+    assert len(steps) == 4 and steps[0]["distill_kl"] > 0
+    assert steps[-1]["distill_kl"] < steps[0]["distill_kl"]
+    with torch.no_grad():
+        after = p_end()
+    assert before < 0.01 and after > 0.5, (before, after)  # the teacher: about 0.9
 
 
 # ---- refused hints ----------------------------------------------------------------------------
