@@ -89,7 +89,7 @@ class LossConfig:
         2.0, bounds=(0.01, 20.0), help="bound on a token's hint advantage (a log-ratio)"
     )
     distill_weight: float = knob(
-        0.0,
+        1.0,
         bounds=(0.0, 10.0),
         help="weight of the KL to the hinted teacher's next-token distribution (0: unused)",
     )
