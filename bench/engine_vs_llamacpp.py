@@ -30,6 +30,14 @@ script exits with an error instead of printing a table. It prints tokens/s, the 
 time to first token, and the ratios. ``--engine-dtype float32 --engine-dtype bfloat16``
 runs a second embedded engine (bfloat16 weights, activations and KV cache) beside the
 float32 one, in the same alternation.
+
+Resident memory: each server's peak resident set (``VmHWM`` of its process and any
+children, read from /proc before it is stopped), beside the ratio to llama.cpp's.
+
+Against the last record: ``bench/engine_vs_llamacpp.last.json`` holds the figures of the
+last recorded run (date, commit, load average, tokens/s, TTFT, memory). Each run prints
+them beside today's, so a regression shows where it happens; ``--record`` replaces them
+with this run's (a release's figures, measured alone).
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
+LAST = Path(__file__).with_name("engine_vs_llamacpp.last.json")
 # ChatML prompts as the gateway renders them, so both engines see ordinary chat traffic.
 QUESTIONS = [
     "Write a short story about a lighthouse keeper.",
@@ -71,6 +80,28 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def peak_rss_gb(pid: int) -> float:
+    """Peak resident memory (VmHWM) of ``pid`` and its descendants, in GB."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    total += int(line.split()[1]) * 1024
+            for task in Path(f"/proc/{p}/task").iterdir():
+                children = (task / "children").read_text().split()
+                todo.extend(int(c) for c in children)
+    return total / 1e9
+
+
+def _git_commit() -> str:
+    out = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    )
+    return out.stdout.strip() or "unknown"
 
 
 def _start(cmd: list[str], url: str, health: str, env: dict[str, str]) -> subprocess.Popen:
@@ -239,6 +270,9 @@ def main() -> None:
         "(default: float32)",
     )
     parser.add_argument("--data-dir", default=os.environ.get("RLGATE_DATA_DIR", "./rlgate-data"))
+    parser.add_argument(
+        "--record", action="store_true", help=f"write this run's figures to {LAST.name}"
+    )
     args = parser.parse_args()
     dtypes = list(dict.fromkeys(args.engine_dtype or ["float32"]))
 
@@ -278,6 +312,7 @@ def main() -> None:
     ]  # fmt: skip
     runs: dict[str, tuple[str, Stream]] = {}
     procs: list[subprocess.Popen] = []
+    memory: dict[str, float] = {}
     table: dict[tuple[str, int], list[dict]] = {}
     load_before = os.getloadavg()[0]
     try:
@@ -293,11 +328,13 @@ def main() -> None:
         else:
             procs.append(_start(llamacpp_cmd, l_url, "/v1/models", env))
             runs["llama.cpp"] = (l_url, llamacpp_stream((0, 2)))
+        server_of = dict(zip(runs, procs, strict=True))
         for _ in range(args.rounds):  # rounds alternate too, so a burst of other load
             for conc, n in ((1, 4), (args.concurrency, args.concurrency)):  # hits both
                 for name, (url, stream) in runs.items():  # one after the other, others idle
                     m = measure(name, url, stream, conc, n, args.max_new_tokens)
                     table.setdefault((name, conc), []).append(m)
+        memory = {name: peak_rss_gb(p.pid) for name, p in server_of.items()}
     finally:
         for p in procs:
             p.terminate()
@@ -321,14 +358,58 @@ def main() -> None:
             f"{name:18s} {conc:10d} {median(name, conc, 'tokens_per_s'):9.1f} "
             f"{median(name, conc, 'ttft_s') * 1000:7.0f}ms {ms[0]['tokens']:7d}  {rounds}"
         )
+    figures: dict[str, float] = {}
     for conc in (1, args.concurrency):
         for dtype in dtypes:
             e, ll = f"embedded {dtype}", "llama.cpp"
+            ratio = median(e, conc, "tokens_per_s") / median(ll, conc, "tokens_per_s")
             print(
-                f"at {conc:2d} concurrent: {e} / llama.cpp tokens/s = "
-                f"{median(e, conc, 'tokens_per_s') / median(ll, conc, 'tokens_per_s'):.2f}x, "
+                f"at {conc:2d} concurrent: {e} / llama.cpp tokens/s = {ratio:.2f}x, "
                 f"TTFT ratio {median(e, conc, 'ttft_s') / median(ll, conc, 'ttft_s'):.2f}x"
             )
+            figures[f"{e} at {conc}: tokens/s"] = median(e, conc, "tokens_per_s")
+            figures[f"{e} at {conc}: ratio"] = ratio
+            figures[f"{e} at {conc}: TTFT s"] = median(e, conc, "ttft_s")
+        figures[f"llama.cpp at {conc}: tokens/s"] = median("llama.cpp", conc, "tokens_per_s")
+    for name, gb in memory.items():
+        print(f"peak resident memory: {name} {gb:.2f} GB ({gb / memory['llama.cpp']:.1f}x)")
+        figures[f"{name}: peak resident GB"] = gb
+    compare(figures, args.threads, args.max_new_tokens)
+    if args.record:
+        LAST.write_text(
+            json.dumps(
+                {
+                    "date": time.strftime("%Y-%m-%d %H:%M"),
+                    "commit": _git_commit(),
+                    "load_average": round(load_before, 2),
+                    "threads": args.threads,
+                    "max_new_tokens": args.max_new_tokens,
+                    "figures": {k: round(v, 3) for k, v in figures.items()},
+                },
+                indent=1,
+            )
+            + "\n"
+        )
+        print(f"recorded in {LAST}")
+
+
+def compare(figures: dict[str, float], threads: int, max_new: int) -> None:
+    """Today's figures beside the last record's (bench/engine_vs_llamacpp.last.json)."""
+    if not LAST.is_file():
+        print(f"no last record ({LAST.name}): run with --record to keep these")
+        return
+    last = json.loads(LAST.read_text())
+    same = last.get("threads") == threads and last.get("max_new_tokens") == max_new
+    print(
+        f"beside the last record ({last['date']}, {last['commit']}, load {last['load_average']}"
+        + ("" if same else "; other --threads or --max-new-tokens: not comparable")
+        + "):"
+    )
+    for key, now in figures.items():
+        before = last["figures"].get(key)
+        if before is None:
+            continue
+        print(f"  {key:40s} {before:9.2f} -> {now:9.2f}  ({now / before:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -5,9 +5,13 @@ once, so model time is removed and what remains is each proxy's own cost). rlgat
 its full work: auth, chat-template rendering and tokenization, session stitching, and
 durable recording (spool append + batched database writes), measured in both spool
 modes: the default (the record is in the spool file before the response is sent) and
-RLGATE_SPOOL_FSYNC=true (also fdatasync'ed). Printed: added latency
-(p50/p99 over sequential requests, minus the direct path) and max requests/s under
-concurrency, measured side by side in one run.
+RLGATE_SPOOL_FSYNC=true (also fdatasync'ed). A third rlgate runs with
+RLGATE_COMMIT_WAIT_S=0: an answer is sent without waiting for its records' commit, so the
+difference to the default is the price of read-after-write (docs/gateway.md). Printed:
+added latency (p50/p99 over sequential requests, minus the direct path) and max
+requests/s under concurrency (``--generator-procs`` processes share the load, so one
+Python generator does not cap it), each rlgate's share of the direct path, measured side
+by side in one run.
 
     .venv/bin/python bench/gateway_overhead.py [--litellm PATH_TO_litellm_CLI]
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import shutil
 import statistics
@@ -50,7 +55,31 @@ def sequential(url: str, headers: dict[str, str], n: int) -> list[float]:
     return out
 
 
-async def throughput(url: str, headers: dict[str, str], n: int, concurrency: int) -> float:
+def throughput(url: str, headers: dict[str, str], n: int, concurrency: int, procs: int) -> float:
+    """Requests/s of ``n`` requests at ``concurrency``, from ``procs`` processes at once
+    (each sends its share at its share of the concurrency): total requests over the span
+    from the first start to the last end."""
+    if procs <= 1:
+        return n / asyncio.run(_timed(url, headers, n, concurrency))[1]
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(procs) as pool:
+        parts = pool.starmap(
+            _timed_sync,
+            [(url, headers, n // procs, max(1, concurrency // procs)) for _ in range(procs)],
+        )
+    start = min(p[0] for p in parts)
+    end = max(p[0] + p[1] for p in parts)
+    return (n // procs) * procs / (end - start)
+
+
+def _timed_sync(url: str, headers: dict[str, str], n: int, concurrency: int) -> tuple[float, float]:
+    return asyncio.run(_timed(url, headers, n, concurrency))
+
+
+async def _timed(
+    url: str, headers: dict[str, str], n: int, concurrency: int
+) -> tuple[float, float]:
+    """(wall-clock start, seconds) of ``n`` requests at ``concurrency``, after a warm-up."""
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=60, limits=limits) as c:
         sem = asyncio.Semaphore(concurrency)
@@ -61,9 +90,9 @@ async def throughput(url: str, headers: dict[str, str], n: int, concurrency: int
                 r.raise_for_status()
 
         await asyncio.gather(*[one() for _ in range(concurrency)])  # warm up
-        t = time.perf_counter()
+        start, t = time.time(), time.perf_counter()
         await asyncio.gather(*[one() for _ in range(n)])
-        return n / (time.perf_counter() - t)
+        return start, time.perf_counter() - t
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -77,6 +106,9 @@ def main() -> None:
     ap.add_argument("--load", type=int, default=1000, help="requests in the throughput run")
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--litellm", default=shutil.which("litellm"), help="litellm CLI (proxy)")
+    ap.add_argument(
+        "--generator-procs", type=int, default=2, help="load generator processes (throughput)"
+    )
     args = ap.parse_args()
 
     ps = Procs("rlgate-bench-")
@@ -91,7 +123,9 @@ def main() -> None:
         # rlgate, recording into SQLite (the embedded default), in both spool modes: the
         # default (records written to the spool file before the response: survives a crash)
         # and RLGATE_SPOOL_FSYNC=true (also fdatasync'ed: survives power loss)
-        def start_rlgate(sub: str, fsync: bool) -> tuple[subprocess.Popen, str, str, Path]:
+        def start_rlgate(
+            sub: str, fsync: bool, commit_wait: bool = True
+        ) -> tuple[subprocess.Popen, str, str, Path]:
             (tmp / sub).mkdir()
             db = tmp / sub / "rlgate.db"
             gw_env = {
@@ -103,6 +137,7 @@ def main() -> None:
                 "RLGATE_MAX_IN_FLIGHT_PER_ENGINE": "256",
                 "RLGATE_MAX_CONCURRENT_PER_KEY": "256",
                 "RLGATE_SPOOL_FSYNC": str(fsync).lower(),
+                **({} if commit_wait else {"RLGATE_COMMIT_WAIT_S": "0"}),
             }
             subprocess.run(
                 [sys.executable, "-m", "rlgate.cli", "migrate"],
@@ -139,6 +174,7 @@ def main() -> None:
 
         gw, gw_url, key, db_default = start_rlgate("default", fsync=False)
         _, fs_url, fs_key, db_fsync = start_rlgate("fsync", fsync=True)
+        _, nw_url, nw_key, db_nowait = start_rlgate("nowait", fsync=False, commit_wait=False)
 
         if os.environ.get("RLGATE_BENCH_PROFILE"):
             subprocess.Popen(
@@ -165,6 +201,10 @@ def main() -> None:
                 fs_url + "/v1/chat/completions",
                 {"Authorization": f"Bearer {fs_key}"},
             ),
+            "rlgate-nowait": (
+                nw_url + "/v1/chat/completions",
+                {"Authorization": f"Bearer {nw_key}"},
+            ),
         }
         if args.litellm:
             cfg = tmp / "litellm.yaml"
@@ -189,12 +229,13 @@ def main() -> None:
         else:
             print("LiteLLM proxy: not installed (pip install -r bench/requirements.txt); skipped")
 
+        print(f"1-min load average before: {os.getloadavg()[0]:.2f}", flush=True)
         lat, rps = {}, {}
         for name, (url, headers) in paths.items():
             lat[name] = sequential(url, headers, args.requests)
-            rps[name] = asyncio.run(throughput(url, headers, args.load, args.concurrency))
+            rps[name] = throughput(url, headers, args.load, args.concurrency, args.generator_procs)
             print(
-                f"{name:12s} p50 {1000 * statistics.median(lat[name]):7.2f} ms   "
+                f"{name:13s} p50 {1000 * statistics.median(lat[name]):7.2f} ms   "
                 f"p99 {1000 * pct(lat[name], 0.99):7.2f} ms   {rps[name]:8.1f} req/s",
                 flush=True,
             )
@@ -206,9 +247,17 @@ def main() -> None:
             if name == "direct":
                 continue
             print(
-                f"  {name:12s} +{1000 * (statistics.median(lat[name]) - base50):6.2f} ms / "
-                f"+{1000 * (pct(lat[name], 0.99) - base99):6.2f} ms"
+                f"  {name:13s} +{1000 * (statistics.median(lat[name]) - base50):6.2f} ms / "
+                f"+{1000 * (pct(lat[name], 0.99) - base99):6.2f} ms   "
+                f"req/s {100 * rps[name] / rps['direct']:3.0f}% of the direct path's"
             )
+        wait_ms = 1000 * (
+            statistics.median(lat["rlgate"]) - statistics.median(lat["rlgate-nowait"])
+        )
+        print(
+            f"\nread-after-write (commit wait on vs off): {wait_ms:+.2f} ms p50 at concurrency 1, "
+            f"{rps['rlgate'] / rps['rlgate-nowait']:.2f}x req/s at concurrency {args.concurrency}"
+        )
         if "litellm" in paths:
             added_ll = statistics.median(lat["litellm"]) - base50
             for name in ("rlgate", "rlgate+fsync"):
@@ -221,12 +270,16 @@ def main() -> None:
                     f"{name} req/s / LiteLLM req/s:         {rps[name] / rps['litellm']:.2f}"
                     "   (target >= 3)"
                 )
+        print(f"1-min load average after: {os.getloadavg()[0]:.2f}")
         # everything rlgate acknowledged was recorded
         time.sleep(1.0)
         import sqlite3
 
-        sent = 10 + args.requests + args.concurrency + args.load
-        for name, db in (("rlgate", db_default), ("rlgate+fsync", db_fsync)):
+        procs = max(1, args.generator_procs)
+        warm = args.concurrency if procs == 1 else max(1, args.concurrency // procs) * procs
+        sent = 10 + args.requests + warm + (args.load // procs) * procs
+        dbs = (("rlgate", db_default), ("rlgate+fsync", db_fsync), ("rlgate-nowait", db_nowait))
+        for name, db in dbs:
             n_rec = sqlite3.connect(db).execute("select count(*) from interactions").fetchone()[0]
             print(f"{name} recorded {n_rec} of {sent} requests")
     finally:

@@ -271,7 +271,7 @@ class Trainer:
 
 def run_summary(status: str, samples: int, error: str | None, steps: list[Any]) -> dict[str, Any]:
     """What bounded a run: the steps it took, whether the trust region stopped it (and at
-    which KL), and the reward and hint advantages it trained on."""
+    which KL), the reward and hint advantages it trained on, and the distillation KL."""
     steps = [s for s in steps or [] if isinstance(s, dict)]
     last = steps[-1] if steps else {}
 
@@ -289,6 +289,7 @@ def run_summary(status: str, samples: int, error: str | None, steps: list[Any]) 
         "kl_prox_last": last.get("kl_prox"),
         "reward_mean": mean("reward_mean"),
         "hint_adv_mean": mean("hint_adv_mean"),
+        "distill_kl": mean("distill_kl"),
     }
 
 

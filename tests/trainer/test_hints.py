@@ -145,7 +145,7 @@ def test_topk_kl_is_zero_where_teacher_and_policy_agree() -> None:
     mask = torch.ones(4, 3, dtype=torch.bool)
     logp = torch.randn(4, 3, generator=g) - 2
     adv = torch.tensor([0.5, -1.0, 0.2, 0.0])
-    cfg = LossConfig()
+    cfg = LossConfig(distill_weight=0.0)
     scalar, _ = ppo_loss(logp, logp, logp, adv, mask, cfg)
     dkl = torch.rand(4, 3, generator=g)
     off, m = ppo_loss(logp, logp, logp, adv, mask, cfg, distill=dkl)
