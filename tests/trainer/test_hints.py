@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -199,6 +200,33 @@ def test_distillation_teaches_the_end_the_answer_never_sampled() -> None:
     with torch.no_grad():
         after = p_end()
     assert before < 0.01 and after > 0.5, (before, after)  # the teacher: about 0.9
+
+
+@pytest.mark.slow
+def test_a_run_without_hints_is_the_same_with_or_without_distillation() -> None:
+    """Thumbs only: no teacher pass, no distillation term, so the run's steps are the same
+    whatever ``distill_weight`` says (the learning benchmark's thumbs variant is untouched)."""
+    from trainer.policy import Policy
+
+    tok = _tokenizer()
+    prompt = render(QUESTION)
+    answers = ["A volcano is a mountain that erupts lava.", "It is a hill. It can be hot."]
+    samples = [
+        replace(
+            _sample(f"s{i}", prompt, tok.encode(a, add_special_tokens=False), None),
+            advantage=(1.0 if i == 0 else -1.0),
+        )
+        for i, a in enumerate(answers)
+    ]
+    model_dir = resolve_model_dir(PACKAGED_MODEL, MODEL_CACHE)
+    runs = []
+    for weight in (0.0, 1.0):
+        cfg = TrainConfig(lora_rank=4, distill_weight=weight, epochs=2, num_minibatches=1)
+        policy = Policy.load(model_dir, cfg)
+        runs.append(train(policy, policy.make_optimizer(cfg, None), samples, cfg, progress=False))
+    keys = ("loss", "kl", "kl_prox", "grad_norm", "distill_kl")
+    assert [[s[k] for k in keys] for s in runs[0]] == [[s[k] for k in keys] for s in runs[1]]
+    assert all(s["distill_kl"] == 0.0 for s in runs[1])
 
 
 # ---- refused hints ----------------------------------------------------------------------------

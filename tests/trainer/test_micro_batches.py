@@ -84,13 +84,13 @@ def test_a_one_step_run_forwards_each_sample_once(monkeypatch) -> None:
         )
         policy = Policy.load(model_dir, cfg)
         rows: list[int] = []
-        real = policy.batch_logprobs_entropy
+        real = policy.forward  # every forward of a micro-batch, with or without gradient
 
-        def counting(batch, entropy_grad, real=real, rows=rows):  # type: ignore[no-untyped-def]
+        def counting(batch, entropy_grad=None, at=None, real=real, rows=rows):  # type: ignore[no-untyped-def]
             rows.append(len(batch.samples))
-            return real(batch, entropy_grad)
+            return real(batch, entropy_grad, at)
 
-        monkeypatch.setattr(policy, "batch_logprobs_entropy", counting)
+        monkeypatch.setattr(policy, "forward", counting)
         steps = train(policy, policy.make_optimizer(cfg, None), samples, cfg, progress=False)
         assert sum(rows) == expected_rows
         assert len(steps) == n_mb
