@@ -73,7 +73,10 @@ def throughput(url: str, headers: dict[str, str], n: int, concurrency: int, proc
 
 
 def _timed_sync(url: str, headers: dict[str, str], n: int, concurrency: int) -> tuple[float, float]:
-    return asyncio.run(_timed(url, headers, n, concurrency))
+    try:
+        return asyncio.run(_timed(url, headers, n, concurrency))
+    except Exception as e:  # httpx's errors do not unpickle in the parent: a plain one does
+        raise RuntimeError(f"{type(e).__name__}: {e}") from None
 
 
 async def _timed(
@@ -107,7 +110,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--litellm", default=shutil.which("litellm"), help="litellm CLI (proxy)")
     ap.add_argument(
-        "--generator-procs", type=int, default=2, help="load generator processes (throughput)"
+        "--generator-procs", type=int, default=1, help="load generator processes (throughput)"
     )
     args = ap.parse_args()
 
@@ -136,6 +139,9 @@ def main() -> None:
                 "RLGATE_LOG_LEVEL": "warning",
                 "RLGATE_MAX_IN_FLIGHT_PER_ENGINE": "256",
                 "RLGATE_MAX_CONCURRENT_PER_KEY": "256",
+                # the per-key rate limit (100/s by default) would measure itself, not rlgate
+                "RLGATE_RATE_LIMIT_RPS": "1000000",
+                "RLGATE_RATE_LIMIT_BURST": "1000000",
                 "RLGATE_SPOOL_FSYNC": str(fsync).lower(),
                 **({} if commit_wait else {"RLGATE_COMMIT_WAIT_S": "0"}),
             }
