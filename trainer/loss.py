@@ -115,12 +115,6 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: tor
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
-def token_entropy(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits / T) per row (T as in :func:`log_softmax_at`)."""
-    logp = log_softmax_at(logits, temperature)
-    return -(logp.exp() * logp).sum(-1)
-
-
 def topk_kl(teacher_logp: torch.Tensor, student_logp: torch.Tensor) -> torch.Tensor:
     """KL(teacher || student) per position [N] over the partition {each of the teacher's top
     k tokens, the rest}, from both log-probs at those tokens [N, k]: >= 0, 0 when the two
