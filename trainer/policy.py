@@ -217,12 +217,7 @@ class Policy:
         """LM head on the hidden states that predict each sampled token: their log-probs at
         each sample's temperature, the entropy there, and the log-probs at ``at``."""
         dev = self.device
-        targets = torch.tensor([t for s in samples for t in s.completion_ids], device=dev)
-        temps = torch.tensor([s.temperature for s in samples for _ in s.completion_ids])
-        logits = self.model.get_base_model().get_output_embeddings()(h)
-        logp = log_softmax_at(logits, temps.to(dev))
-        sizes = [len(s.completion_ids) for s in samples]
-        lp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        logp, lp, sizes = self._log_softmax(h, samples)
         picked: list[torch.Tensor | None] = [None] * len(samples)
         if at is not None:
             for i, (rows, idx) in enumerate(zip(logp.split(sizes), at, strict=True)):
@@ -234,6 +229,19 @@ class Policy:
             src = logp if entropy_grad else logp.detach()
             ent = -(src.exp() * src).sum(-1)
         return HeadOut(list(lp.split(sizes)), list(ent.split(sizes)), picked)
+
+    def _log_softmax(
+        self, h: torch.Tensor, samples: list[Sample]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """The LM head's log-probs at each sample's temperature [N, V], the sampled tokens'
+        [N], and the samples' completion lengths (N = their sum)."""
+        dev = self.device
+        targets = torch.tensor([t for s in samples for t in s.completion_ids], device=dev)
+        temps = torch.tensor([s.temperature for s in samples for _ in s.completion_ids])
+        logits = self.model.get_base_model().get_output_embeddings()(h)
+        logp = log_softmax_at(logits, temps.to(dev))
+        lp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        return logp, lp, [len(s.completion_ids) for s in samples]
 
     def shared_prompt_hidden(self, batch: MicroBatch, prefix: int = 0) -> torch.Tensor:
         return shared_prompt_hidden(self._decoder(), batch, self.device, prefix)
@@ -272,22 +280,17 @@ class Policy:
         was_training = self.model.training
         self.model.eval()
         out: dict[str, TeacherScores] = {}
-        base = self.model.get_base_model()
         try:
             for batch in batches:
                 with contextlib.nullcontext() if adapter else self.model.disable_adapter():
-                    logits = base.get_output_embeddings()(self.hidden(batch))
-                ss = batch.samples
-                temps = torch.tensor([s.temperature for s in ss for _ in s.completion_ids])
-                logp = log_softmax_at(logits, temps.to(self.device))
-                targets = torch.tensor([t for s in ss for t in s.completion_ids])
-                lp = logp.gather(-1, targets.to(self.device).unsqueeze(-1)).squeeze(-1)
-                top = logp.topk(k, dim=-1) if k else None
-                sizes = [len(s.completion_ids) for s in ss]
-                index = top.indices if top is not None else lp.new_zeros(len(targets), 0).long()
-                values = top.values if top is not None else lp.new_zeros(len(targets), 0)
+                    logp, lp, sizes = self._log_softmax(self.hidden(batch), batch.samples)
+                top = logp.topk(k, dim=-1)  # k = 0: empty [N, 0]
                 for s, a, b, c in zip(
-                    ss, lp.split(sizes), index.split(sizes), values.split(sizes), strict=True
+                    batch.samples,
+                    lp.split(sizes),
+                    top.indices.split(sizes),
+                    top.values.split(sizes),
+                    strict=True,
                 ):
                     out[s.interaction_id] = TeacherScores(a.float(), b, c.float())
         finally:

@@ -247,13 +247,15 @@ def train(
             for mb in mine:
                 ss = mb.samples
                 distill = bool(cfg.distill_weight) and any(s.interaction_id in teacher for s in ss)
-                at = [
-                    teacher[s.interaction_id].top_index if s.interaction_id in teacher else None
-                    for s in ss
-                ]
-                logps, ents, picked = policy.forward(
-                    mb, bool(cfg.entropy_coef), at if distill else None
+                at = (
+                    [
+                        teacher[i].top_index if (i := s.interaction_id) in teacher else None
+                        for s in ss
+                    ]
+                    if distill
+                    else None
                 )
+                logps, ents, picked = policy.forward(mb, bool(cfg.entropy_coef), at)
                 if first:
                     for s, lp in zip(ss, logps, strict=True):
                         prox[s.interaction_id] = lp.detach().float()
