@@ -9,6 +9,8 @@ float32: how many of its argmax tokens agree, and the mean and largest absolute
 difference of the chosen tokens' logprobs. Variants:
 
 * ``bfloat16``: the engine's ``--dtype bfloat16`` (weights, activations and KV cache);
+* ``int4``: the engine's ``--weights int4`` (engine/int4.py: the GGUF's 4-bit projection
+  weights kept packed, bfloat16 activations at each projection, the rest float32);
 * ``int8-dynamic``: an experiment, not an engine option: every projection and the LM
   head as PyTorch's dynamically quantized int8 linear (int8 per-output-channel weights,
   activations quantized per tensor at run time, fbgemm), the rest float32.
@@ -94,6 +96,7 @@ def main() -> None:
     base = [_teacher_forced(reference, p, t) for p, t in zip(prompts, continuations, strict=True)]
 
     variants = {"bfloat16": LlamaModel(model_dir, dtype=torch.bfloat16)}
+    variants["int4"] = LlamaModel(model_dir, dtype=torch.float32, int4=True)
     variants["int8-dynamic"] = LlamaModel(model_dir, dtype=torch.float32)
     _int8_dynamic(variants["int8-dynamic"])
     total = sum(len(t) for t in continuations)

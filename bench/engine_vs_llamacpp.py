@@ -29,7 +29,8 @@ request of either engine streamed fewer or did not end for length (a cut-off str
 script exits with an error instead of printing a table. It prints tokens/s, the median
 time to first token, and the ratios. ``--engine-dtype float32 --engine-dtype bfloat16``
 runs a second embedded engine (bfloat16 weights, activations and KV cache) beside the
-float32 one, in the same alternation.
+float32 one, in the same alternation; ``--engine-dtype int4`` one with ``--weights int4``
+(the GGUF's 4-bit projections kept packed, engine/int4.py).
 
 Resident memory: each server's peak resident set (``VmHWM`` of its process and any
 children, read from /proc before it is stopped), beside the ratio to llama.cpp's.
@@ -265,9 +266,9 @@ def main() -> None:
     parser.add_argument(
         "--engine-dtype",
         action="append",
-        choices=["float32", "bfloat16"],
-        help="embedded engine weight dtype; repeat to run one engine per dtype side by side "
-        "(default: float32)",
+        choices=["float32", "bfloat16", "int4"],
+        help="embedded engine weights: float32, bfloat16 (--dtype) or int4 (--weights int4); "
+        "repeat to run one engine per choice side by side (default: float32)",
     )
     parser.add_argument("--data-dir", default=os.environ.get("RLGATE_DATA_DIR", "./rlgate-data"))
     parser.add_argument(
@@ -319,7 +320,8 @@ def main() -> None:
         for dtype in dtypes:
             port = _free_port()
             url = f"http://127.0.0.1:{port}"
-            cmd = [*engine_cmd, "--port", str(port), "--dtype", dtype]
+            weights = ["--weights", "int4"] if dtype == "int4" else ["--dtype", dtype]
+            cmd = [*engine_cmd, "--port", str(port), *weights]
             procs.append(_start(cmd, url, "/health", env))
             runs[f"embedded {dtype}"] = (url, engine_stream)
         if args.llama_server:

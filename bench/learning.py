@@ -442,6 +442,12 @@ def main() -> None:
         help="a training knob other than its default (a JSON value, or a word), e.g. "
         "hint_teacher=policy or hint_weight=2; the README's table uses none",
     )
+    ap.add_argument(
+        "--engine-weights",
+        choices=["float", "int4"],
+        default="float",
+        help="the embedded engine's --weights (int4: its numerics change, docs/engine.md)",
+    )
     ap.add_argument("--port", type=int, default=8700)
     ap.add_argument("--engine-port", type=int, default=30700)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "learning-results")
@@ -460,7 +466,14 @@ def main() -> None:
         args.engine_port,
         trainer=True,
         extra_env={"RLGATE_TRAIN_TICK_S": "1", "RLGATE_DEFAULT_PROJECT": PROJECT},
-        engine_args=("--max-running-requests", str(args.wave), "--context-length", "512"),
+        engine_args=(
+            "--max-running-requests",
+            str(args.wave),
+            "--context-length",
+            "512",
+            "--weights",
+            args.engine_weights,
+        ),
     )
     print(f"{args.variant}, seed {args.seed}: logs in {stack.logs}", flush=True)
 
@@ -491,6 +504,7 @@ def main() -> None:
         "train_every": args.train_every,
         "eval_every": args.eval_every,
         "wave": args.wave,
+        "engine_weights": args.engine_weights,
         "training_settings": args.training,
         "training_runs": runs,
         "sessions": run.sessions,

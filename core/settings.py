@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
@@ -125,6 +125,11 @@ class Settings(BaseSettings):
     gateway_host: str = Field("127.0.0.1", description="Gateway bind address.")
     gateway_port: int = Field(8000, description="Gateway port.")
     engine_port: int = Field(30000, description="Embedded engine port.")
+    engine_weights: Literal["float", "int4"] = Field(
+        "float",
+        description="Embedded engine's --weights: int4 keeps the packaged model's 4-bit "
+        "projections packed (about 3x faster at one stream; logprobs move by about 0.01).",
+    )
     log_level: str = Field("info", description="Log level for every process.")
     tokenizer_path: str = Field(
         "", description="Tokenizer for chat templates; default: the model's."

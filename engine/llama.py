@@ -24,7 +24,10 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
+from engine.int4 import Int4Weight, pack
 from engine.lora import LoraBatch
+
+Weight = torch.Tensor | Int4Weight
 
 
 class UnsupportedModelError(Exception):
@@ -140,16 +143,23 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class LlamaModel:
     """Weights plus the prefill/decode forward passes. Not thread-safe: one owner thread."""
 
-    def __init__(self, model_dir: Path, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, model_dir: Path, dtype: torch.dtype = torch.float32, int4: bool = False
+    ) -> None:
+        """``int4``: keep each projection whose weights lie on a 4-bit block grid (a
+        Q4_0 / Q4_1 GGUF's) packed (engine/int4.py); the others stay ``dtype``."""
         self.cfg = LlamaConfig.from_dir(model_dir)
         self.dtype = dtype
-        weights = _load_safetensors(model_dir)
+        weights = _SafetensorsFiles(model_dir)
         cfg = self.cfg
 
         def take(name: str) -> torch.Tensor:
-            if name not in weights:
-                raise UnsupportedModelError(f"weight {name} missing in {model_dir}")
-            return weights[name].to(dtype).contiguous()
+            return weights.read(name).to(dtype).contiguous()
+
+        def projection(name: str) -> Weight:
+            w = weights.read(name)
+            packed = pack(w) if int4 else None
+            return packed if packed is not None else w.to(dtype).contiguous()
 
         self.embed = take("model.embed_tokens.weight")
         if cfg.tie_word_embeddings or "lm_head.weight" not in weights:
@@ -157,21 +167,24 @@ class LlamaModel:
         else:
             self.lm_head = take("lm_head.weight")
         self.norm = RMSNorm(take("model.norm.weight"), cfg.rms_norm_eps)
-        self.layers: list[dict[str, torch.Tensor]] = []
+        self.layers: list[dict[str, Weight]] = []
         self.input_norms: list[RMSNorm] = []
         self.post_norms: list[RMSNorm] = []
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
             layer = {}
             for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                layer[proj] = take(p + f"self_attn.{proj}.weight")
+                layer[proj] = projection(p + f"self_attn.{proj}.weight")
             for proj in ("gate_proj", "up_proj", "down_proj"):
-                layer[proj] = take(p + f"mlp.{proj}.weight")
+                layer[proj] = projection(p + f"mlp.{proj}.weight")
             self.layers.append(layer)
             self.input_norms.append(RMSNorm(take(p + "input_layernorm.weight"), cfg.rms_norm_eps))
             self.post_norms.append(
                 RMSNorm(take(p + "post_attention_layernorm.weight"), cfg.rms_norm_eps)
             )
+        self.int4_projections = sum(
+            isinstance(w, Int4Weight) for layer in self.layers for w in layer.values()
+        )
         self.inv_freq = 1.0 / (
             cfg.rope_theta
             ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim)
@@ -188,7 +201,8 @@ class LlamaModel:
     def _linear(
         self, x: torch.Tensor, layer: int, name: str, lora: LoraBatch | None
     ) -> torch.Tensor:
-        y = F.linear(x, self.layers[layer][name])
+        w = self.layers[layer][name]
+        y = w(x) if isinstance(w, Int4Weight) else F.linear(x, w)
         if lora is not None:
             y = lora.apply(x, y, layer, name)
         return y
@@ -343,13 +357,25 @@ class LlamaModel:
         return self._logits(h)
 
 
-def _load_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise UnsupportedModelError(f"no *.safetensors weights in {model_dir}")
-    weights: dict[str, torch.Tensor] = {}
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                weights[key] = f.get_tensor(key)
-    return weights
+class _SafetensorsFiles:
+    """A model directory's safetensors, read one tensor at a time, so that loading holds
+    the finished weights plus one tensor being converted, never a second full copy."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self.model_dir = model_dir
+        files = sorted(model_dir.glob("*.safetensors"))
+        if not files:
+            raise UnsupportedModelError(f"no *.safetensors weights in {model_dir}")
+        self.file_of: dict[str, Path] = {}
+        for path in files:
+            with safe_open(str(path), framework="pt") as f:
+                self.file_of.update(dict.fromkeys(f.keys(), path))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.file_of
+
+    def read(self, name: str) -> torch.Tensor:
+        if name not in self.file_of:
+            raise UnsupportedModelError(f"weight {name} missing in {self.model_dir}")
+        with safe_open(str(self.file_of[name]), framework="pt") as f:
+            return f.get_tensor(name)

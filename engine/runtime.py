@@ -40,6 +40,7 @@ class EngineConfig:
     host: str = "127.0.0.1"
     port: int = 30000
     dtype: str = "float32"
+    weights: str = "float"  # --weights: "int4" keeps 4-bit projections packed (engine/int4.py)
     max_lora_rank: int = 64
     lora_target_modules: tuple[str, ...] = DEFAULT_TARGET_MODULES
     max_loaded_loras: int = 8
@@ -85,7 +86,7 @@ class Engine:
             modules=self.allowed_modules,
         )
         self.memory.check(config.max_memory_gb, spare)  # before anything is allocated
-        self.model = LlamaModel(self.model_dir, dtype=dtype)
+        self.model = LlamaModel(self.model_dir, dtype=dtype, int4=config.weights == "int4")
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
         self.grammars = GrammarCompiler(self.tokenizer, self.model.cfg.vocab_size)
         eos: set[int] = set()
@@ -115,6 +116,13 @@ class Engine:
         for name, path in config.lora_paths.items():
             self.load_adapter(name, path, pinned=True)
         self.created = int(time.time())
+
+    def weights_summary(self) -> str:
+        """What ``--weights`` gave: with int4, how many projections were on the grid."""
+        if self.config.weights != "int4":
+            return f"{self.config.dtype} weights"
+        total = len(self.model.layers) * len(DEFAULT_TARGET_MODULES)
+        return f"int4 weights: {self.model.int4_projections} of {total} projections packed"
 
     def load_adapter(self, name: str, path: str, pinned: bool) -> None:
         check_adapter_dir(path, self.config.allowed_lora_dir)

@@ -114,6 +114,8 @@ def create_app(engine: Engine) -> FastAPI:
             "lora_target_modules": sorted(engine.allowed_modules),
             "max_loaded_loras": engine.config.max_loaded_loras,
             "dtype": engine.config.dtype,
+            "weights": engine.config.weights,
+            "int4_projections": engine.model.int4_projections,
             "version": "rlgate-embedded",
             "decode_steps": scheduler.steps,
             "prefix_reused_tokens": scheduler.prefix.reused_tokens if scheduler.prefix else 0,
@@ -356,10 +358,11 @@ def serve(config: EngineConfig) -> None:
     engine = Engine(config)
     engine.scheduler.start()
     log.info(
-        "engine ready: %s (context %d, %d slots)",
+        "engine ready: %s (context %d, %d slots, %s)",
         engine.model_dir,
         engine.context_length,
         config.max_running_requests,
+        engine.weights_summary(),
     )
     try:
         uvicorn.run(

@@ -1,0 +1,76 @@
+"""Projection weights kept as 4-bit blocks, multiplied by PyTorch's int4 CPU kernel.
+
+A GGUF quantized as Q4_0 or Q4_1 (the packaged SmolLM2-135M's projections are Q4_1)
+stores each block of 32 weights along the input axis as 16 evenly spaced values:
+``w = min + step * q`` with ``q`` in 0..15. Converted to float32 safetensors, the values
+are still exactly those. ``pack`` finds that grid again and keeps the weights as the 4-bit
+``q`` plus a step and an offset per block (about an eighth of float32's bytes), and
+``Int4Weight`` multiplies with ``torch.ops.aten._weight_int4pack_mm_for_cpu``, which
+dequantizes block by block inside the matmul. A decode step reads all its weights
+once, so at batch 1 it is bound by memory traffic, and the packed weights cut it (docs/engine.md,
+"Weights").
+
+What this changes in the arithmetic: the kernel takes bfloat16 activations, steps and
+offsets and returns bfloat16, so a projection's input and output are rounded to
+bfloat16 (8-bit mantissa), and each block's step and offset too. The weights' 4-bit
+codes are exact. Everything else (the residual stream, norms, RoPE, attention, the LM
+head and the logits) stays in the engine's dtype. ``bench/engine_dtype_drift.py``
+measures how far the logprobs move.
+
+A matrix that is not on such a grid (a float checkpoint, another GGUF type) stays a
+float tensor: ``pack`` returns None, so no weight is ever moved to fit a grid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BLOCK = 32  # weights per block along the input axis (GGUF's Q4_0 / Q4_1 block size)
+LEVELS = 16
+
+
+@dataclass(frozen=True)
+class Int4Weight:
+    """A ``(out_features, in_features)`` weight as 4-bit codes, steps and offsets."""
+
+    packed: torch.Tensor  # uint8 (out, in / 2), the kernel's layout
+    steps_offsets: torch.Tensor  # bfloat16 (in / BLOCK, out, 2)
+    out_features: int
+    in_features: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T`` for ``x`` of shape ``(..., in_features)``, in ``x``'s dtype."""
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, BLOCK, self.steps_offsets)
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.steps_offsets.nbytes
+
+
+def pack(weight: torch.Tensor) -> Int4Weight | None:
+    """The weight as ``Int4Weight`` if every block of ``BLOCK`` inputs holds values
+    ``min + step * q`` (``q`` in 0..15), each within float32 rounding of its grid point
+    (a thousandth of a step); None otherwise."""
+    if weight.dim() != 2 or weight.shape[1] % BLOCK or weight.shape[0] % 8:
+        return None
+    w = weight.detach().to(torch.float32)
+    out_f, in_f = w.shape
+    blocks = w.view(out_f, in_f // BLOCK, BLOCK)
+    low = blocks.amin(-1, keepdim=True)
+    step = (blocks.amax(-1, keepdim=True) - low) / (LEVELS - 1)
+    q = torch.round((blocks - low) / torch.where(step > 0, step, 1.0)).clamp(0, LEVELS - 1)
+    if ((q * step + low - blocks).abs() > 1e-3 * step).any():
+        return None
+    codes = q.view(out_f, in_f).to(torch.int32)
+    # the kernel dequantizes (q - 8) * step + offset
+    steps_offsets = torch.stack((step.squeeze(-1).T, (low + 8 * step).squeeze(-1).T), -1)
+    return Int4Weight(
+        packed=torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1),
+        steps_offsets=steps_offsets.to(torch.bfloat16).contiguous(),
+        out_features=out_f,
+        in_features=in_f,
+    )
