@@ -55,21 +55,80 @@ def pack(weight: torch.Tensor) -> Int4Weight | None:
     """The weight as ``Int4Weight`` if every block of ``BLOCK`` inputs holds values
     ``min + step * q`` (``q`` in 0..15), each within float32 rounding of its grid point
     (a thousandth of a step); None otherwise."""
-    if weight.dim() != 2 or weight.shape[1] % BLOCK or weight.shape[0] % 8:
+    blocks = _blocks(weight)
+    if blocks is None:
         return None
-    w = weight.detach().to(torch.float32)
-    out_f, in_f = w.shape
-    blocks = w.view(out_f, in_f // BLOCK, BLOCK)
     low = blocks.amin(-1, keepdim=True)
     step = (blocks.amax(-1, keepdim=True) - low) / (LEVELS - 1)
     q = torch.round((blocks - low) / torch.where(step > 0, step, 1.0)).clamp(0, LEVELS - 1)
-    if ((q * step + low - blocks).abs() > 1e-3 * step).any():
+    if not _on_grid(q * step + low, blocks, step):
         return None
-    codes = q.view(out_f, in_f).to(torch.int32)
     # the kernel dequantizes (q - 8) * step + offset
-    steps_offsets = torch.stack((step.squeeze(-1).T, (low + 8 * step).squeeze(-1).T), -1)
+    return _int4(q.flatten(1), step, low + 8 * step)
+
+
+def pack_8bit(weight: torch.Tensor) -> Int4Weight | None:
+    """A weight whose blocks hold ``step * q`` (``q`` in -128..127; GGUF's Q8_0, as the
+    packaged model's embedding) as two 4-bit halves along the inputs: ``q + 128 = 16 *
+    high + low``, so ``W @ x == halves @ [x, x]`` with ``in_features`` doubled; None if
+    the weight is not on such a grid."""
+    blocks = _blocks(weight)
+    if blocks is None:
+        return None
+    step = blocks.abs().amax(-1, keepdim=True) / 127  # Q8_0: the largest maps to +-127
+    q = torch.round(blocks / torch.where(step > 0, step, 1.0)).clamp(-128, 127)
+    if not _on_grid(q * step, blocks, step):
+        return None
+    u = q + 128
+    high, low = torch.div(u, LEVELS, rounding_mode="floor"), u % LEVELS
+    # (high - 8) * 16 step + 0  +  (low - 8) * step + 8 step  ==  step * (u - 128)
+    codes = torch.cat((high.flatten(1), low.flatten(1)), dim=1)
+    steps = torch.cat((16 * step, step), dim=1)
+    offsets = torch.cat((torch.zeros_like(step), 8 * step), dim=1)
+    return _int4(codes, steps, offsets)
+
+
+@dataclass(frozen=True)
+class Int4Head:
+    """The LM head from its 8-bit grid's two 4-bit halves (``pack_8bit``), with the
+    ``exact_top`` likeliest tokens of each row recomputed from the float weight: the
+    kernel's bfloat16 output would round a logit of 20 by up to 0.04; so the tokens
+    that are sampled and whose logprobs are returned get float logits, and only the
+    rest (far below them in probability) keep the rounded ones."""
+
+    halves: Int4Weight
+    weight: torch.Tensor  # (vocab, hidden), float: the exact rows
+    exact_top: int = 256
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits ``(..., vocab)`` in float32 for ``x`` of shape ``(..., hidden)``."""
+        flat = x.reshape(-1, x.shape[-1])
+        logits = self.halves(torch.cat((flat, flat), dim=-1)).float()
+        top = logits.topk(min(self.exact_top, logits.shape[-1]), dim=-1).indices
+        exact = torch.einsum("mh,mkh->mk", flat, self.weight[top]).float()
+        logits.scatter_(-1, top, exact)
+        return logits.reshape(*x.shape[:-1], -1)
+
+
+def _blocks(weight: torch.Tensor) -> torch.Tensor | None:
+    """``(out, in / BLOCK, BLOCK)`` float32 view, or None for a shape the kernel refuses."""
+    if weight.dim() != 2 or weight.shape[1] % BLOCK or weight.shape[0] % 8:
+        return None
+    w = weight.detach().to(torch.float32)
+    return w.view(w.shape[0], -1, BLOCK)
+
+
+def _on_grid(rebuilt: torch.Tensor, blocks: torch.Tensor, step: torch.Tensor) -> bool:
+    return bool(((rebuilt - blocks).abs() <= 1e-3 * step).all())
+
+
+def _int4(codes: torch.Tensor, steps: torch.Tensor, offsets: torch.Tensor) -> Int4Weight:
+    """From 0..15 codes ``(out, in)`` and per-block ``(out, in / BLOCK, 1)`` steps and
+    offsets, in the kernel's layout."""
+    out_f, in_f = codes.shape
+    steps_offsets = torch.stack((steps.squeeze(-1).T, offsets.squeeze(-1).T), -1)
     return Int4Weight(
-        packed=torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1),
+        packed=torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1),
         steps_offsets=steps_offsets.to(torch.bfloat16).contiguous(),
         out_features=out_f,
         in_features=in_f,

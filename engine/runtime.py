@@ -63,11 +63,15 @@ class Engine:
     """Model, tokenizer, adapters and the scheduler thread, ready to serve."""
 
     def __init__(self, config: EngineConfig) -> None:
-        from transformers import AutoTokenizer, GenerationConfig
 
         self.config = config
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        with sched.one_torch_thread():
+            self._load(config)
+        self.created = int(time.time())
+
+    def _load(self, config: EngineConfig) -> None:
+        from transformers import AutoTokenizer, GenerationConfig
+
         self.model_dir = resolve_model_dir(config.model_path, Path(config.data_dir))
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[config.dtype]
         model_cfg = LlamaConfig.from_dir(self.model_dir)
@@ -115,16 +119,23 @@ class Engine:
         )
         for name, path in config.lora_paths.items():
             self.load_adapter(name, path, pinned=True)
-        self.created = int(time.time())
 
     def weights_summary(self) -> str:
         """What ``--weights`` gave: with int4, how many projections were on the grid."""
         if self.config.weights != "int4":
             return f"{self.config.dtype} weights"
         total = len(self.model.layers) * len(DEFAULT_TARGET_MODULES)
-        return f"int4 weights: {self.model.int4_projections} of {total} projections packed"
+        head = "packed" if self.model.head is not None else "float"
+        return (
+            f"int4 weights: {self.model.int4_projections} of {total} projections packed, "
+            f"LM head {head}"
+        )
 
     def load_adapter(self, name: str, path: str, pinned: bool) -> None:
+        with sched.one_torch_thread():
+            self._load_adapter(name, path, pinned)
+
+    def _load_adapter(self, name: str, path: str, pinned: bool) -> None:
         check_adapter_dir(path, self.config.allowed_lora_dir)
         self.registry.reserve_check(name)
         cfg = self.model.cfg
