@@ -271,7 +271,10 @@ class Trainer:
 
 def run_summary(status: str, samples: int, error: str | None, steps: list[Any]) -> dict[str, Any]:
     """What bounded a run: the steps it took, whether the trust region stopped it (and at
-    which KL), the reward and hint advantages it trained on, and the distillation KL."""
+    which KL), the reward and hint advantages it trained on, the distillation KL, and
+    how far the engine's logprobs were from the trainer's: the behaviour weights
+    ``pi_prox / mu`` (their mean and extremes over the run) and the share of tokens the
+    band masked for engine/trainer mismatch."""
     steps = [s for s in steps or [] if isinstance(s, dict)]
     last = steps[-1] if steps else {}
 
@@ -290,6 +293,10 @@ def run_summary(status: str, samples: int, error: str | None, steps: list[Any]) 
         "reward_mean": mean("reward_mean"),
         "hint_adv_mean": mean("hint_adv_mean"),
         "distill_kl": mean("distill_kl"),
+        "masked_mismatch_frac": mean("masked_mismatch_frac"),
+        "iw_mean": mean("iw_mean"),
+        "iw_min": min((s["iw_min"] for s in steps if "iw_min" in s), default=None),
+        "iw_max": max((s["iw_max"] for s in steps if "iw_max" in s), default=None),
     }
 
 
