@@ -4,18 +4,19 @@ A GGUF quantized as Q4_0 or Q4_1 (the packaged SmolLM2-135M's projections are Q4
 stores each block of 32 weights along the input axis as 16 evenly spaced values:
 ``w = min + step * q`` with ``q`` in 0..15. Converted to float32 safetensors, the values
 are still exactly those. ``pack`` finds that grid again and keeps the weights as the 4-bit
-``q`` plus a step and an offset per block (about an eighth of float32's bytes), and
-``Int4Weight`` multiplies with ``torch.ops.aten._weight_int4pack_mm_for_cpu``, which
-dequantizes block by block inside the matmul. A decode step reads all its weights
-once, so at batch 1 it is bound by memory traffic, and the packed weights cut it (docs/engine.md,
-"Weights").
+``q`` plus a step and an offset per block (0.6 bytes a weight instead of float32's 4),
+and ``Int4Weight`` multiplies with ``torch.ops.aten._weight_int4pack_mm_for_cpu``, which
+dequantizes block by block inside the matmul. A decode step reads all its weights once,
+so at batch 1 it is bound by memory traffic, which the packed weights cut
+(docs/engine.md, "Weights"). An LM head on GGUF's 8-bit grid (Q8_0) is packed as two
+4-bit halves for a first pass (``pack_8bit``, ``Int4Head``).
 
 What this changes in the arithmetic: the kernel takes bfloat16 activations, steps and
 offsets and returns bfloat16, so a projection's input and output are rounded to
 bfloat16 (8-bit mantissa), and each block's step and offset too. The weights' 4-bit
 codes are exact. Everything else (the residual stream, norms, RoPE, attention, the LM
-head and the logits) stays in the engine's dtype. ``bench/engine_dtype_drift.py``
-measures how far the logprobs move.
+head's likeliest rows and so the sampled tokens' logits) stays in the engine's dtype.
+``bench/engine_dtype_drift.py`` measures how far the logprobs move.
 
 A matrix that is not on such a grid (a float checkpoint, another GGUF type) stays a
 float tensor: ``pack`` returns None, so no weight is ever moved to fit a grid.
