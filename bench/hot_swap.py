@@ -4,6 +4,7 @@ the engine + atomic pointer switch + audit), then the gateway's serving lookup
 (``ServingPolicy``) and a 1-token /generate with the new adapter.
 
     .venv/bin/python bench/hot_swap.py [--engine-url URL] [--rounds 3] [--database-url URL]
+        [--engine-weights float|int4]
 
 With a PostgreSQL ``--database-url`` (an empty database; it is migrated) it also times the
 notice that makes a running gateway drop its cached pointer (core/serving_events.py): from
@@ -63,6 +64,9 @@ def main() -> None:
     ap.add_argument("--engine-url", default="")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--database-url", default="", help="PostgreSQL: also time the notice")
+    ap.add_argument(
+        "--engine-weights", choices=["float", "int4"], default="float", help="engine --weights"
+    )
     a = ap.parse_args()
     from engine.model_files import PACKAGED_MODEL, resolve_model_dir
 
@@ -72,7 +76,7 @@ def main() -> None:
         url = a.engine_url
         if not url:
             port = free_port()
-            cmd = engine_cmd(port, "--context-length", "512")
+            cmd = engine_cmd(port, "--context-length", "512", "--weights", a.engine_weights)
             url = stack.enter_context(running(cmd, {}, tmp / "engine.log", port, 300)).url
         db_url = a.database_url or f"sqlite:///{tmp / 'bench.db'}"
         upgrade(db_url)

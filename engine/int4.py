@@ -4,18 +4,19 @@ A GGUF quantized as Q4_0 or Q4_1 (the packaged SmolLM2-135M's projections are Q4
 stores each block of 32 weights along the input axis as 16 evenly spaced values:
 ``w = min + step * q`` with ``q`` in 0..15. Converted to float32 safetensors, the values
 are still exactly those. ``pack`` finds that grid again and keeps the weights as the 4-bit
-``q`` plus a step and an offset per block (about an eighth of float32's bytes), and
-``Int4Weight`` multiplies with ``torch.ops.aten._weight_int4pack_mm_for_cpu``, which
-dequantizes block by block inside the matmul. A decode step reads all its weights
-once, so at batch 1 it is bound by memory traffic, and the packed weights cut it (docs/engine.md,
-"Weights").
+``q`` plus a step and an offset per block (0.6 bytes a weight instead of float32's 4),
+and ``Int4Weight`` multiplies with ``torch.ops.aten._weight_int4pack_mm_for_cpu``, which
+dequantizes block by block inside the matmul. A decode step reads all its weights once,
+so at batch 1 it is bound by memory traffic, which the packed weights cut
+(docs/engine.md, "Weights"). An LM head on GGUF's 8-bit grid (Q8_0) is packed as two
+4-bit halves for a first pass (``pack_8bit``, ``Int4Head``).
 
 What this changes in the arithmetic: the kernel takes bfloat16 activations, steps and
 offsets and returns bfloat16, so a projection's input and output are rounded to
 bfloat16 (8-bit mantissa), and each block's step and offset too. The weights' 4-bit
 codes are exact. Everything else (the residual stream, norms, RoPE, attention, the LM
-head and the logits) stays in the engine's dtype. ``bench/engine_dtype_drift.py``
-measures how far the logprobs move.
+head's likeliest rows and so the sampled tokens' logits) stays in the engine's dtype.
+``bench/engine_dtype_drift.py`` measures how far the logprobs move.
 
 A matrix that is not on such a grid (a float checkpoint, another GGUF type) stays a
 float tensor: ``pack`` returns None, so no weight is ever moved to fit a grid.
@@ -23,12 +24,14 @@ float tensor: ``pack`` returns None, so no weight is ever moved to fit a grid.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 BLOCK = 32  # weights per block along the input axis (GGUF's Q4_0 / Q4_1 block size)
 LEVELS = 16
+CHUNK_ROWS = 4096  # rows checked and packed at a time (a multiple of the kernel's 64)
 
 
 @dataclass(frozen=True)
@@ -55,16 +58,7 @@ def pack(weight: torch.Tensor) -> Int4Weight | None:
     """The weight as ``Int4Weight`` if every block of ``BLOCK`` inputs holds values
     ``min + step * q`` (``q`` in 0..15), each within float32 rounding of its grid point
     (a thousandth of a step); None otherwise."""
-    blocks = _blocks(weight)
-    if blocks is None:
-        return None
-    low = blocks.amin(-1, keepdim=True)
-    step = (blocks.amax(-1, keepdim=True) - low) / (LEVELS - 1)
-    q = torch.round((blocks - low) / torch.where(step > 0, step, 1.0)).clamp(0, LEVELS - 1)
-    if not _on_grid(q * step + low, blocks, step):
-        return None
-    # the kernel dequantizes (q - 8) * step + offset
-    return _int4(q.flatten(1), step, low + 8 * step)
+    return _pack_rows(weight, _grid_4bit)
 
 
 def pack_8bit(weight: torch.Tensor) -> Int4Weight | None:
@@ -72,9 +66,23 @@ def pack_8bit(weight: torch.Tensor) -> Int4Weight | None:
     packaged model's embedding) as two 4-bit halves along the inputs: ``q + 128 = 16 *
     high + low``, so ``W @ x == halves @ [x, x]`` with ``in_features`` doubled; None if
     the weight is not on such a grid."""
-    blocks = _blocks(weight)
-    if blocks is None:
+    return _pack_rows(weight, _grid_8bit)
+
+
+Grid = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # codes, steps, offsets
+
+
+def _grid_4bit(blocks: torch.Tensor) -> Grid | None:
+    low = blocks.amin(-1, keepdim=True)
+    step = (blocks.amax(-1, keepdim=True) - low) / (LEVELS - 1)
+    q = torch.round((blocks - low) / torch.where(step > 0, step, 1.0)).clamp(0, LEVELS - 1)
+    if not _on_grid(q * step + low, blocks, step):
         return None
+    # the kernel dequantizes (q - 8) * step + offset
+    return q.flatten(1), step, low + 8 * step
+
+
+def _grid_8bit(blocks: torch.Tensor) -> Grid | None:
     step = blocks.abs().amax(-1, keepdim=True) / 127  # Q8_0: the largest maps to +-127
     q = torch.round(blocks / torch.where(step > 0, step, 1.0)).clamp(-128, 127)
     if not _on_grid(q * step, blocks, step):
@@ -83,9 +91,7 @@ def pack_8bit(weight: torch.Tensor) -> Int4Weight | None:
     high, low = torch.div(u, LEVELS, rounding_mode="floor"), u % LEVELS
     # (high - 8) * 16 step + 0  +  (low - 8) * step + 8 step  ==  step * (u - 128)
     codes = torch.cat((high.flatten(1), low.flatten(1)), dim=1)
-    steps = torch.cat((16 * step, step), dim=1)
-    offsets = torch.cat((torch.zeros_like(step), 8 * step), dim=1)
-    return _int4(codes, steps, offsets)
+    return codes, torch.cat((16 * step, step), 1), torch.cat((torch.zeros_like(step), 8 * step), 1)
 
 
 @dataclass(frozen=True)
@@ -110,26 +116,32 @@ class Int4Head:
         return logits.reshape(*x.shape[:-1], -1)
 
 
-def _blocks(weight: torch.Tensor) -> torch.Tensor | None:
-    """``(out, in / BLOCK, BLOCK)`` float32 view, or None for a shape the kernel refuses."""
+def _pack_rows(
+    weight: torch.Tensor, grid: Callable[[torch.Tensor], Grid | None]
+) -> Int4Weight | None:
+    """``grid`` applied to ``CHUNK_ROWS`` rows at a time (a large matrix's temporaries
+    stay small: the LM head's would be several copies of its 113 MB), each chunk packed
+    into the kernel's layout, which keeps rows apart; None for a shape the kernel
+    refuses or a chunk off the grid."""
     if weight.dim() != 2 or weight.shape[1] % BLOCK or weight.shape[0] % 8:
         return None
-    w = weight.detach().to(torch.float32)
-    return w.view(w.shape[0], -1, BLOCK)
+    packed, steps, offsets = [], [], []
+    for rows in weight.detach().split(CHUNK_ROWS):
+        found = grid(rows.to(torch.float32).reshape(rows.shape[0], -1, BLOCK))
+        if found is None:
+            return None
+        codes, step, offset = found
+        packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1))
+        steps.append(step.squeeze(-1))
+        offsets.append(offset.squeeze(-1))
+    steps_offsets = torch.stack((torch.cat(steps).T, torch.cat(offsets).T), -1)
+    return Int4Weight(
+        packed=torch.cat(packed),
+        steps_offsets=steps_offsets.to(torch.bfloat16).contiguous(),
+        out_features=weight.shape[0],
+        in_features=codes.shape[1],
+    )
 
 
 def _on_grid(rebuilt: torch.Tensor, blocks: torch.Tensor, step: torch.Tensor) -> bool:
     return bool(((rebuilt - blocks).abs() <= 1e-3 * step).all())
-
-
-def _int4(codes: torch.Tensor, steps: torch.Tensor, offsets: torch.Tensor) -> Int4Weight:
-    """From 0..15 codes ``(out, in)`` and per-block ``(out, in / BLOCK, 1)`` steps and
-    offsets, in the kernel's layout."""
-    out_f, in_f = codes.shape
-    steps_offsets = torch.stack((steps.squeeze(-1).T, offsets.squeeze(-1).T), -1)
-    return Int4Weight(
-        packed=torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1),
-        steps_offsets=steps_offsets.to(torch.bfloat16).contiguous(),
-        out_features=out_f,
-        in_features=in_f,
-    )
