@@ -132,6 +132,7 @@ def find_or_build_llama_server(cache: Path) -> Path:
     flags = Path("/proc/cpuinfo").read_text().split()
     sets = [f"-D{switch}={'ON' if flag in flags else 'OFF'}" for switch, flag in X86_SETS.items()]
     configure = ["cmake", "-B", "build", "-DGGML_NATIVE=OFF", *sets, "-DLLAMA_CURL=OFF"]
+    configure.append("-DBUILD_SHARED_LIBS=OFF")  # one binary that runs wherever it lies
     jobs = str(os.cpu_count() or 1)
     build = ["cmake", "--build", "build", "-j", jobs, "--target", "llama-server"]
     for cmd in (configure, build):
