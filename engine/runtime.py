@@ -63,7 +63,6 @@ class Engine:
     """Model, tokenizer, adapters and the scheduler thread, ready to serve."""
 
     def __init__(self, config: EngineConfig) -> None:
-
         self.config = config
         with sched.one_torch_thread():
             self._load(config)
