@@ -32,6 +32,7 @@ import torch
 BLOCK = 32  # weights per block along the input axis (GGUF's Q4_0 / Q4_1 block size)
 LEVELS = 16
 CHUNK_ROWS = 4096  # rows checked and packed at a time (a multiple of the kernel's 64)
+ROW_BLOCK = 64  # the kernel packs rows in blocks of 64 when their number allows
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,35 @@ class Int4Weight:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, BLOCK, self.steps_offsets)
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    @classmethod
+    def stack(cls, parts: list[Int4Weight]) -> Int4Weight:
+        """Weights of the same inputs as one, their output rows one after another (each
+        part's rows a whole number of the kernel's row blocks, so the layouts join)."""
+        if any(w.out_features % ROW_BLOCK for w in parts):
+            raise ValueError(f"stacked weights need rows in multiples of {ROW_BLOCK}")
+        return cls(
+            packed=torch.cat([w.packed for w in parts]),
+            steps_offsets=torch.cat([w.steps_offsets for w in parts], dim=1),
+            out_features=sum(w.out_features for w in parts),
+            in_features=parts[0].in_features,
+        )
+
+    def split(self, parts: list[Int4Weight]) -> list[Int4Weight]:
+        """``stack``'s inverse, as views of this weight's codes."""
+        out, row = [], 0
+        for w in parts:
+            rows = slice(row, row + w.out_features)
+            out.append(
+                Int4Weight(
+                    packed=self.packed[rows],
+                    steps_offsets=self.steps_offsets[:, rows].contiguous(),
+                    out_features=w.out_features,
+                    in_features=w.in_features,
+                )
+            )
+            row += w.out_features
+        return out
 
     @property
     def nbytes(self) -> int:
@@ -121,12 +151,15 @@ def _pack_rows(
 ) -> Int4Weight | None:
     """``grid`` applied to ``CHUNK_ROWS`` rows at a time (a large matrix's temporaries
     stay small: the LM head's would be several copies of its 113 MB), each chunk packed
-    into the kernel's layout, which keeps rows apart; None for a shape the kernel
-    refuses or a chunk off the grid."""
-    if weight.dim() != 2 or weight.shape[1] % BLOCK or weight.shape[0] % 8:
+    into the kernel's layout, which keeps blocks of 64 rows apart (a matrix whose rows
+    are not a multiple of 64 is packed whole); None for a shape the kernel refuses
+    (rows not a multiple of 16, inputs not of ``BLOCK``) or a chunk off the grid."""
+    if weight.dim() != 2 or weight.shape[1] % BLOCK or weight.shape[0] % 16:
         return None
     packed, steps, offsets = [], [], []
-    for rows in weight.detach().split(CHUNK_ROWS):
+    # chunks join only when the kernel packs the whole in 64-row blocks
+    chunk = CHUNK_ROWS if weight.shape[0] % ROW_BLOCK == 0 else weight.shape[0]
+    for rows in weight.detach().split(chunk):
         found = grid(rows.to(torch.float32).reshape(rows.shape[0], -1, BLOCK))
         if found is None:
             return None

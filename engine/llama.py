@@ -24,10 +24,12 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from engine.int4 import Int4Head, Int4Weight, pack, pack_8bit
+from engine.int4 import ROW_BLOCK, Int4Head, Int4Weight, pack, pack_8bit
 from engine.lora import LoraBatch
 
 Weight = torch.Tensor | Int4Weight
+# projections that read the same input: with int4 weights each group is one kernel call
+SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 class UnsupportedModelError(Exception):
@@ -188,6 +190,7 @@ class LlamaModel:
         self.int4_projections = sum(
             isinstance(w, Int4Weight) for layer in self.layers for w in layer.values()
         )
+        self.fused = [_fuse(layer) for layer in self.layers]
         self.inv_freq = 1.0 / (
             cfg.rope_theta
             ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim)
@@ -210,9 +213,22 @@ class LlamaModel:
             y = lora.apply(x, y, layer, name)
         return y
 
+    def _shared(
+        self, x: torch.Tensor, layer: int, names: tuple[str, ...], lora: LoraBatch | None
+    ) -> list[torch.Tensor]:
+        """The projections ``names`` of one input: with int4 weights one kernel call for
+        the group (``_fuse``), split into each projection's output."""
+        fused = self.fused[layer].get(names)
+        if fused is None:
+            return [self._linear(x, layer, name, lora) for name in names]
+        widths = [self.layers[layer][name].out_features for name in names]  # type: ignore[union-attr]
+        ys = list(fused(x).split(widths, dim=-1))
+        if lora is not None:
+            ys = [lora.apply(x, y, layer, name) for y, name in zip(ys, names, strict=True)]
+        return ys
+
     def _mlp(self, x: torch.Tensor, layer: int, lora: LoraBatch | None) -> torch.Tensor:
-        gate = self._linear(x, layer, "gate_proj", lora)
-        up = self._linear(x, layer, "up_proj", lora)
+        gate, up = self._shared(x, layer, ("gate_proj", "up_proj"), lora)
         return self._linear(F.silu(gate) * up, layer, "down_proj", lora)
 
     def _qkv(
@@ -226,9 +242,10 @@ class LlamaModel:
         """Rotated q ``(N, H, D)``, k ``(N, KVH, D)``, and v ``(N, KVH, D)``."""
         cfg = self.cfg
         n = x.shape[0]
-        q = self._linear(x, layer, "q_proj", lora).view(n, cfg.num_heads, cfg.head_dim)
-        k = self._linear(x, layer, "k_proj", lora).view(n, cfg.num_kv_heads, cfg.head_dim)
-        v = self._linear(x, layer, "v_proj", lora).view(n, cfg.num_kv_heads, cfg.head_dim)
+        q, k, v = self._shared(x, layer, ("q_proj", "k_proj", "v_proj"), lora)
+        q = q.reshape(n, cfg.num_heads, cfg.head_dim)
+        k = k.reshape(n, cfg.num_kv_heads, cfg.head_dim)
+        v = v.reshape(n, cfg.num_kv_heads, cfg.head_dim)
         c, s = cos[:, None, :], sin[:, None, :]
         q = q * c + _rotate_half(q) * s
         k = k * c + _rotate_half(k) * s
@@ -359,6 +376,21 @@ class LlamaModel:
             h = h + self._linear(attn, i, "o_proj", lora)
             h = h + self._mlp(self.post_norms[i](h), i, lora)
         return self._logits(h)
+
+
+def _fuse(layer: dict[str, Weight]) -> dict[tuple[str, ...], Int4Weight]:
+    """Each ``SHARED_INPUT`` group whose projections are all packed (in whole 64-row
+    blocks), as one weight: the group's rows stacked (``Int4Weight.stack``). The group's
+    members in ``layer`` become views of it (no second copy)."""
+    fused = {}
+    for names in SHARED_INPUT:
+        parts = [layer[name] for name in names]
+        if all(isinstance(w, Int4Weight) and w.out_features % ROW_BLOCK == 0 for w in parts):
+            group = Int4Weight.stack(parts)  # type: ignore[arg-type]
+            fused[names] = group
+            for name, part in zip(names, group.split(parts), strict=True):  # type: ignore[arg-type]
+                layer[name] = part
+    return fused
 
 
 class _SafetensorsFiles:
