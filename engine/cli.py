@@ -57,7 +57,7 @@ def _parse_lora_paths(values: tuple[str, ...]) -> dict[str, str]:
     help="float (default: settings engine_weights, float) or int4: keep each projection "
     "whose weights lie on a 4-bit grid of 32-weight blocks (a Q4_0 / Q4_1 GGUF's, as the "
     "packaged model's) packed, multiplied by PyTorch's int4 CPU kernel: about 3x faster "
-    "decoding at one stream, an eighth of the projections' memory; their inputs and outputs "
+    "decoding at one stream, about a sixth of the projections' memory; their inputs and outputs "
     "are rounded to bfloat16, which moves logprobs by about 0.01 (docs/engine.md, Weights). "
     "Projections not on such a grid stay --dtype.",
 )
