@@ -115,6 +115,14 @@ class InteractionRow(Base):
             postgresql_where=text("reward IS NOT NULL AND consumed_by_run_id IS NULL"),
             sqlite_where=text("reward IS NOT NULL AND consumed_by_run_id IS NULL"),
         ),
+        # the few SDK resends (gateway/recording/retries.py), looked up by every recorded batch
+        Index(
+            "ix_interactions_retries",
+            "project_id",
+            "created_at",
+            postgresql_where=text("attempt > 0"),
+            sqlite_where=text("attempt > 0"),
+        ),
     )
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import literal_column, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
 from schemas.tables import InteractionRow, SessionRow
@@ -63,7 +63,9 @@ def mark_retries(db: Session, fresh: list[dict[str, Any]]) -> int:
             InteractionRow.attempt,
         ).where(
             InteractionRow.project_id.in_({r["project_id"] for r in fresh}),
-            InteractionRow.attempt > 0,
+            # a literal 0, so that a prepared statement's generic plan can still prove
+            # ix_interactions_retries' condition (attempt > 0) and read only retries
+            InteractionRow.attempt > literal_column("0"),
             InteractionRow.created_at >= oldest - RETRY_WINDOW,
         )
     ).all()
