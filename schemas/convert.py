@@ -24,14 +24,19 @@ _RENAMES: dict[type[tables.Base], dict[str, str]] = {tables.SessionRow: {"metada
 
 def to_row(record: atdp.Record) -> tables.Base:
     """A new (transient) row holding exactly the record's values."""
-    row_type = ROW_TYPES[type(record)]
-    renames = _RENAMES.get(row_type, {})
+    return ROW_TYPES[type(record)](**row_values(record))
+
+
+def row_values(record: atdp.Record) -> dict[str, Any]:
+    """The record's values by its row's attribute names: a row's constructor arguments, or
+    one row of a bulk ``insert(RowType)``."""
+    renames = _RENAMES.get(ROW_TYPES[type(record)], {})
     data = record.model_dump(mode="python", exclude={"atdp_version"})
     # nested models (output, usage, lora_config) are stored as their JSON form
     for name in list(data):
         if isinstance(getattr(record, name), atdp.BaseModel):
             data[name] = getattr(record, name).model_dump(mode="json")
-    return row_type(**{renames.get(k, k): v for k, v in data.items()})
+    return {renames.get(k, k): v for k, v in data.items()}
 
 
 def to_record(row: tables.Base) -> atdp.Record:

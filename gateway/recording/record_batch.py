@@ -19,7 +19,7 @@ from gateway.recording.retries import mark_retries
 from gateway.recording.spool import SpoolRecord
 from schemas.atdp import Interaction
 from schemas.atdp import Session as SessionRecord
-from schemas.convert import to_row
+from schemas.convert import row_values
 from schemas.tables import InteractionRow, SessionRow
 
 
@@ -39,10 +39,13 @@ def write_batch(db: Session, entries: list[SpoolRecord]) -> tuple[int, set[str],
     carried = {s["id"]: s for e in entries if (s := e["session"])}
     if carried:
         have = set(db.scalars(select(SessionRow.id).where(SessionRow.id.in_(list(carried)))))
-        for sid, row in carried.items():
-            if sid not in have:
-                db.add(to_row(SessionRecord.model_validate(row)))
-        db.flush()
+        new = [
+            row_values(SessionRecord.model_validate(row))
+            for sid, row in carried.items()
+            if sid not in have
+        ]
+        if new:  # one executemany, as the interactions below
+            db.execute(insert(SessionRow), new)
     records = [e["interaction"] for e in entries]
     ids = [r["id"] for r in records]
     existing = set(db.scalars(select(InteractionRow.id).where(InteractionRow.id.in_(ids))))
