@@ -13,7 +13,9 @@ protocol over aiohttp (``gateway/engines/engine_client.py``). Two shapes of depl
 
 from __future__ import annotations
 
+import functools
 import logging
+import ssl
 from typing import Any
 
 import httpx
@@ -24,6 +26,14 @@ from core.engine_workers import allowed_workers
 from core.settings import Settings
 
 log = logging.getLogger("rlgate.engines")
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """httpx's default TLS settings, built once per process: building them (loading
+    certifi's CA bundle) takes ~25 ms, which each short-lived engine client would pay
+    again (a publish opens one per engine for the load and one for the warm-up)."""
+    return httpx.create_ssl_context()
 
 
 class RouterError(Exception):
@@ -41,7 +51,9 @@ class EngineHTTP:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url = url.rstrip("/")
-        self.client = httpx.Client(timeout=timeout, headers=headers, transport=transport)
+        self.client = httpx.Client(
+            timeout=timeout, headers=headers, transport=transport, verify=_tls()
+        )
 
     def __enter__(self) -> EngineHTTP:
         return self
@@ -109,7 +121,7 @@ class EngineHTTP:
 def router_workers(router_url: str, headers: dict[str, str], timeout: float = 10.0) -> list[str]:
     """Every worker an sglang-router lists; :class:`RouterError` if it cannot say."""
     errors = []
-    with httpx.Client(timeout=timeout, headers=headers) as client:
+    with httpx.Client(timeout=timeout, headers=headers, verify=_tls()) as client:
         for path in proto.WORKER_LISTINGS:
             try:
                 r = client.get(router_url.rstrip("/") + path)
