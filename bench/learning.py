@@ -452,8 +452,9 @@ def main() -> None:
     ap.add_argument(
         "--engine-weights",
         choices=["float", "int4"],
-        default="float",
-        help="the embedded engine's --weights (int4: its numerics change, docs/engine.md)",
+        default="int4",
+        help="the embedded engine's --weights (its default, int4; float: float32, exact to "
+        "transformers; docs/engine.md, Weights)",
     )
     ap.add_argument("--port", type=int, default=8700)
     ap.add_argument("--engine-port", type=int, default=30700)

@@ -54,12 +54,13 @@ def _parse_lora_paths(values: tuple[str, ...]) -> dict[str, str]:
     "--weights",
     type=click.Choice(["float", "int4"]),
     default=None,
-    help="float (default: settings engine_weights, float) or int4: keep each projection "
-    "whose weights lie on a 4-bit grid of 32-weight blocks (a Q4_0 / Q4_1 GGUF's, as the "
+    help="int4 (default: settings engine_weights, int4): keep each projection whose "
+    "weights lie on a 4-bit grid of 32-weight blocks (a Q4_0 / Q4_1 GGUF's, as the "
     "packaged model's) packed, multiplied by PyTorch's int4 CPU kernel: about 3x faster "
-    "decoding at one stream, about a sixth of the projections' memory; their inputs and outputs "
-    "are rounded to bfloat16, which moves logprobs by about 0.01 (docs/engine.md, Weights). "
-    "Projections not on such a grid stay --dtype.",
+    "decoding at one stream, about a sixth of the projections' memory; their inputs and "
+    "outputs are rounded to bfloat16, which moves logprobs by about 0.01 and makes results "
+    "depend on the batch (docs/engine.md, Weights). Projections not on such a grid stay "
+    "--dtype. float: every weight in --dtype, exact to transformers within 1e-4.",
 )
 @click.option("--max-lora-rank", type=int, default=64, show_default=True)
 @click.option(

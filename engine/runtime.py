@@ -40,7 +40,7 @@ class EngineConfig:
     host: str = "127.0.0.1"
     port: int = 30000
     dtype: str = "float32"
-    weights: str = "float"  # --weights: "int4" keeps 4-bit projections packed (engine/int4.py)
+    weights: str = "int4"  # --weights: 4-bit projections kept packed (engine/int4.py), or "float"
     max_lora_rank: int = 64
     lora_target_modules: tuple[str, ...] = DEFAULT_TARGET_MODULES
     max_loaded_loras: int = 8

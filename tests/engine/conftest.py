@@ -33,13 +33,18 @@ def model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def engine_url(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Base URL of an embedded engine subprocess (tmp data dir, shared model cache)."""
+    """Base URL of an embedded engine subprocess (tmp data dir, shared model cache), with
+    ``--weights float``: these tests hold its arithmetic to plain transformers' (greedy
+    tokens equal, logprobs within 1e-4, batching invisible), which only float weights
+    give. The default int4 weights round each projection's input and output to bfloat16:
+    tests/engine/test_int4.py bounds what that changes, tests/trainer/test_agreement.py
+    its agreement with the trainer, and the gateway and trainer tiers run on it."""
     port = free_port()
     data_dir = tmp_path_factory.mktemp("engine-data")
     cmd = engine_cmd(
         port,
         *("--max-lora-rank", str(MAX_LORA_RANK), "--max-loaded-loras", "3"),
-        *("--max-running-requests", "8", "--context-length", "1024"),
+        *("--max-running-requests", "8", "--context-length", "1024", "--weights", "float"),
     )
     env = {"RLGATE_DATA_DIR": str(data_dir)}
     with running(cmd, env, data_dir / "engine.log", port, 180) as proc:

@@ -1,9 +1,14 @@
 """Engine/trainer agreement, measured, on both engines: for one adapter and recorded
-samples, the engine's recorded logprobs (the embedded engine's, and real SGLang's: the
-session's server, tests/conftest.py ``sglang``) and the trainer's recomputed ones agree
-within 1e-3 per token (float32 on CPU, the real packaged model). The PPO loss's behaviour
-weight pi_prox / mu is exactly this comparison: if they disagreed, IcePop would mask
-on-policy tokens (``masked_mismatch_frac``) and the off-policy correction would be noise.
+samples, the engine's recorded logprobs and the trainer's recomputed ones (float32 on CPU,
+the real packaged model) agree within 1e-3 per token on real SGLang (the session's server,
+tests/conftest.py ``sglang``) and the embedded engine with ``--weights float``; with
+``--weights int4`` (the default: bfloat16 inputs and outputs around each projection,
+docs/engine.md "Weights") within 0.06 on average and 0.3 at most (measured with this
+adapter, which moves logprobs by ~2: 0.033 and 0.095), far inside the IcePop band (a
+weight of 0.5-2, |difference| < 0.69). The PPO loss's
+behaviour weight pi_prox / mu is exactly this comparison: if they disagreed beyond the
+band, IcePop would mask on-policy tokens (``masked_mismatch_frac``) and the off-policy
+correction would be noise.
 """
 
 from __future__ import annotations
@@ -26,26 +31,29 @@ from trainer.policy import Policy, make_micro_batches
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-@pytest.fixture(scope="module", params=["embedded", f"sglang-{SGLANG_VERSION}"])
+@pytest.fixture(
+    scope="module", params=["embedded-float", "embedded-int4", f"sglang-{SGLANG_VERSION}"]
+)
 def engine(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, dict[str, str]]]:
-    """(url, headers) of the engine under test."""
-    if request.param != "embedded":
+) -> Iterator[tuple[str, dict[str, str], bool]]:
+    """(url, headers, exact) of the engine under test; ``exact``: float arithmetic."""
+    if not request.param.startswith("embedded"):
         server = request.getfixturevalue("sglang")
-        yield server.url, server.headers
+        yield server.url, server.headers, True
         return
+    weights = request.param.removeprefix("embedded-")
     port = free_port()
     log = tmp_path_factory.mktemp("engine") / "engine.log"
-    cmd = engine_cmd(port, "--max-lora-rank", "8", "--context-length", "512")
+    cmd = engine_cmd(port, "--max-lora-rank", "8", "--context-length", "512", "--weights", weights)
     with running(cmd, {}, log, port) as p:
-        yield p.url, {}
+        yield p.url, {}, weights == "float"
 
 
 def test_engine_and_trainer_logprobs_agree(
-    engine: tuple[str, dict[str, str]], tmp_path: Path
+    engine: tuple[str, dict[str, str], bool], tmp_path: Path
 ) -> None:
-    engine_url, headers = engine
+    engine_url, headers, exact = engine
     cfg = TrainConfig(lora_rank=4, lora_alpha=8.0)
     policy = Policy.load(resolve_model_dir(PACKAGED_MODEL, MODEL_CACHE), cfg)
     with torch.no_grad():  # a non-zero adapter, so its delta is part of both sides
@@ -93,18 +101,23 @@ def test_engine_and_trainer_logprobs_agree(
             )
     recomputed = policy.logprobs(make_micro_batches(samples, 4096), adapter=True)
     without = policy.logprobs(make_micro_batches(samples, 4096), adapter=False)
-    worst = 0.0
-    for s in samples:
-        engine = torch.tensor(s.behav_logprobs)
-        trainer = recomputed[s.interaction_id]
-        worst = max(worst, float((engine - trainer).abs().max()))
-        torch.testing.assert_close(trainer, engine, atol=1e-3, rtol=0)
+    diffs = torch.cat(
+        [(torch.tensor(s.behav_logprobs) - recomputed[s.interaction_id]).abs() for s in samples]
+    )
+    worst = float(diffs.max())
+    if exact:
+        assert worst < 1e-3
+    else:
+        assert float(diffs.mean()) < 0.06 and worst < 0.3
     moved = max(
         float((recomputed[s.interaction_id] - without[s.interaction_id]).abs().max())
         for s in samples
     )
     assert moved > 1e-2, "the adapter should change the logprobs"
-    print(f"max |engine - trainer| logprob: {worst:.2e}; adapter moved them by {moved:.2e}")
+    print(
+        f"|engine - trainer| logprob: mean {float(diffs.mean()):.2e}, max {worst:.2e}; "
+        f"the adapter moved them by {moved:.2e}"
+    )
     httpx.post(
         f"{engine_url}/unload_lora_adapter", json={"lora_name": name}, headers=headers, timeout=60
     )
