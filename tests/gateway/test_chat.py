@@ -60,8 +60,12 @@ def test_non_stream_is_recorded_token_exactly(stack, tok):
     )
     direct = engine_greedy(stack, rec.prompt_token_ids, 12)
     assert rec.completion_token_ids == direct["output_ids"]
+    # the same prompt again is served from the engine's prefix cache, which with its
+    # default int4 weights moves logprobs by up to ~0.1 (docs/engine.md, "Weights": 0.03
+    # here); that the record holds exactly the logprobs the client was sent is
+    # test_logprobs_in_openai_format's
     assert rec.completion_logprobs == pytest.approx(
-        [t[0] for t in direct["meta_info"]["output_token_logprobs"]], abs=1e-5
+        [t[0] for t in direct["meta_info"]["output_token_logprobs"]], abs=0.1
     )
     assert tok.decode(rec.completion_token_ids, skip_special_tokens=True) == text
     assert rec.output.text == text
