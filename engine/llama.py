@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from engine.int4 import ROW_BLOCK, Int4Head, Int4Weight, pack, pack_8bit
+from engine.int4 import ROW_BLOCK, Int4Weight, TwoPassHead, pack
 from engine.lora import LoraBatch
 
 Weight = torch.Tensor | Int4Weight
@@ -149,8 +149,8 @@ class LlamaModel:
         self, model_dir: Path, dtype: torch.dtype = torch.float32, int4: bool = False
     ) -> None:
         """``int4``: keep each projection whose weights lie on a 4-bit block grid (a
-        Q4_0 / Q4_1 GGUF's) packed, and an LM head on an 8-bit one (Q8_0) as two 4-bit
-        halves for a first pass (engine/int4.py); the others stay ``dtype``."""
+        Q4_0 / Q4_1 GGUF's) packed, the others ``dtype``, and compute the LM head in two
+        passes, bfloat16 then float for the likeliest rows (engine/int4.py)."""
         self.cfg = LlamaConfig.from_dir(model_dir)
         self.dtype = dtype
         weights = _SafetensorsFiles(model_dir)
@@ -169,8 +169,7 @@ class LlamaModel:
             self.lm_head = self.embed
         else:
             self.lm_head = take("lm_head.weight")
-        halves = pack_8bit(self.lm_head) if int4 else None
-        self.head = Int4Head(halves, self.lm_head) if halves is not None else None
+        self.head = TwoPassHead.of(self.lm_head) if int4 else None
         self.norm = RMSNorm(take("model.norm.weight"), cfg.rms_norm_eps)
         self.layers: list[dict[str, Weight]] = []
         self.input_norms: list[RMSNorm] = []

@@ -124,10 +124,10 @@ class Engine:
         if self.config.weights != "int4":
             return f"{self.config.dtype} weights"
         total = len(self.model.layers) * len(DEFAULT_TARGET_MODULES)
-        head = "packed" if self.model.head is not None else "float"
+        head = "two passes" if self.model.head is not None else "float"
         return (
             f"int4 weights: {self.model.int4_projections} of {total} projections packed, "
-            f"LM head {head}"
+            f"LM head in {head}"
         )
 
     def load_adapter(self, name: str, path: str, pinned: bool) -> None:

@@ -116,7 +116,7 @@ def create_app(engine: Engine) -> FastAPI:
             "dtype": engine.config.dtype,
             "weights": engine.config.weights,
             "int4_projections": engine.model.int4_projections,
-            "int4_lm_head": engine.model.head is not None,
+            "two_pass_lm_head": engine.model.head is not None,
             "version": "rlgate-embedded",
             "decode_steps": scheduler.steps,
             "prefix_reused_tokens": scheduler.prefix.reused_tokens if scheduler.prefix else 0,

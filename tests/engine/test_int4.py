@@ -1,7 +1,7 @@
 """``--weights int4`` (engine/int4.py): projections on a 4-bit block grid kept packed and
-multiplied by PyTorch's int4 CPU kernel, an LM head on an 8-bit grid as two 4-bit halves
-with its likeliest rows in float; the packaged model's Q4_1 projections and Q8_0 head are
-on them; logprobs stay within the measured drift of float32's, adapters still act."""
+multiplied by PyTorch's int4 CPU kernel (the packaged model's Q4_1 projections are on
+it), an LM head in two passes with its likeliest rows in float; logprobs stay within the
+measured drift of float32's, adapters still act."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import int4
-from engine.int4 import BLOCK, Int4Head, Int4Weight, pack, pack_8bit
+from engine.int4 import BLOCK, Int4Weight, TwoPassHead, pack
 from engine.llama import KVCache, LlamaModel
 from tests.servers import in_process_engine
 
@@ -45,40 +45,30 @@ def test_a_grid_weight_packs_to_an_eighth_and_multiplies_as_float() -> None:
     assert err < 0.02
 
 
-def _q8_weight(out_f: int, in_f: int, seed: int = 0) -> torch.Tensor:
-    """Weights as GGUF's Q8_0 holds them: per block of 32 inputs, step * (-127..127)."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randint(-127, 128, (out_f, in_f // BLOCK, BLOCK), generator=gen).float()
-    q[..., 0] = 127  # the block's largest magnitude, as the quantizer's
-    step = torch.rand(out_f, in_f // BLOCK, 1, generator=gen) * 1e-3 + 1e-4
-    return (q * step).view(out_f, in_f)
-
-
-def test_an_8bit_head_packs_as_two_halves_and_its_top_logits_are_float() -> None:
-    w = _q8_weight(4096, 128)
-    assert pack(w) is None  # 255 levels are not a 4-bit grid
-    halves = pack_8bit(w)
-    assert halves is not None and halves.in_features == 256
+def test_the_two_pass_head_has_float_top_logits_whatever_the_rows() -> None:
+    w = torch.randn(4096, 128, generator=torch.Generator().manual_seed(1))
     x = torch.randn(3, 128, generator=torch.Generator().manual_seed(0))
     want = F.linear(x, w)
-    rough = halves(torch.cat((x, x), -1))
-    assert (rough - want).abs().max() / want.abs().max() < 0.02
-    head = Int4Head(halves, w, exact_top=16)
+    head = TwoPassHead.of(w)
+    head = TwoPassHead(head.rough, head.weight, exact_top=16)
     got = head(x)
     top = want.topk(8, dim=-1).indices
     # the likeliest rows are float (the first pass ranks them among its 16)
     torch.testing.assert_close(got.gather(1, top), want.gather(1, top), atol=1e-5, rtol=0)
     assert not torch.equal(got, want)  # the rest keep the first pass's rounding
-    assert pack_8bit(w + 1e-6) is None
+    assert (got - want).abs().max() / want.abs().max() < 0.02
+    # a row's logits do not depend on the rows beside it (the step's batch)
+    for i in range(3):
+        torch.testing.assert_close(head(x[i : i + 1]), got[i : i + 1], atol=0, rtol=0)
 
 
 def test_packing_row_chunks_gives_the_layout_of_the_whole(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    w4, w8 = _grid_weight(256, 64), _q8_weight(256, 64)
-    whole = [pack(w4), pack_8bit(w8)]
+    w4 = _grid_weight(256, 64)
+    a = pack(w4)
     monkeypatch.setattr(int4, "CHUNK_ROWS", 64)
-    for a, b in zip(whole, [pack(w4), pack_8bit(w8)], strict=True):
-        assert a is not None and b is not None
-        assert torch.equal(a.packed, b.packed) and torch.equal(a.steps_offsets, b.steps_offsets)
+    b = pack(w4)
+    assert a is not None and b is not None
+    assert torch.equal(a.packed, b.packed) and torch.equal(a.steps_offsets, b.steps_offsets)
 
 
 def test_projections_of_one_input_stack_into_one_call_and_split_back() -> None:
@@ -124,7 +114,7 @@ def test_the_packaged_model_packs_every_projection_and_keeps_its_logprobs(
     int4_model = LlamaModel(model_dir, int4=True)
     assert float_model.int4_projections == 0
     assert int4_model.int4_projections == 30 * 7  # SmolLM2-135M's Q4_1 projections, all
-    assert float_model.head is None and int4_model.head is not None  # its Q8_0 embedding
+    assert float_model.head is None and int4_model.head is not None  # the two-pass head
     # a greedy float32 continuation, teacher-forced through both
     ids = list(chat_ids[0])
     for _ in range(24):
@@ -167,7 +157,7 @@ def test_an_int4_engine_serves_with_adapters_within_the_drift_of_float32(
     with in_process_engine(weights="int4") as url:
         info = httpx.get(f"{url}/get_server_info").json()
         assert info["weights"] == "int4" and info["int4_projections"] == 210
-        assert info["int4_lm_head"] is True
+        assert info["two_pass_lm_head"] is True
         assert httpx.post(f"{url}/load_lora_adapter", json=load).status_code == 200
         base = _prompt_logprobs(url, ids, None)
         adapted = _prompt_logprobs(url, ids, "int4-a")
