@@ -92,8 +92,7 @@ def timed_steps(steps: dict[str, float], first_request: Callable[[], None]) -> I
     """Time the publish's steps (trainer/publish.py, as trainer/serving_switch.py calls
     them) into ``steps``; start ``first_request`` once the switch is committed."""
     clock = _Clock(first_request)
-    names = {"load": "load_everywhere", "warm": "warm", "switch": "switch_serving"}
-    names["retire"] = "retire"
+    names = dict(zip(STEPS, ("load_everywhere", "warm", "switch_serving", "retire"), strict=True))
     saved = {k: getattr(publish, f) for k, f in names.items()}
 
     def wrap(key: str) -> Callable[..., object]:

@@ -24,7 +24,6 @@ float tensor: ``pack`` returns None, so no weight is ever moved to fit a grid.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -89,7 +88,7 @@ def pack(weight: torch.Tensor) -> Int4Weight | None:
     """The weight as ``Int4Weight`` if every block of ``BLOCK`` inputs holds values
     ``min + step * q`` (``q`` in 0..15), each within float32 rounding of its grid point
     (a thousandth of a step); None otherwise."""
-    return _pack_rows(weight, _grid_4bit)
+    return _pack_rows(weight)
 
 
 Grid = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # codes, steps, offsets
@@ -114,10 +113,10 @@ class TwoPassHead:
     and only the rest (far below them in probability) keep the rounded ones. A row's
     logits do not depend on the rows beside it up to 16 (measured; a decode step's
     default most); at 64 the matmul's blocking rounded a tail logit one bfloat16 step
-    differently. For the packaged model's head
-    (49152 x 576), one row: 2.1 ms against float32's 2.5; 16 rows: 2.2 ms against 8.8
-    (a bfloat16 matmul here is not bound by computing, as the int4 kernel is past one
-    row: the head's Q8_0 values as two 4-bit halves took 11.4 ms at 16 rows)."""
+    differently. For the packaged model's head (49152 x 576), one row: 2.1 ms against
+    float32's 2.5; 16 rows: 2.2 ms against 8.8 (a bfloat16 matmul here is not bound by
+    computing, as the int4 kernel is past one row: the head's Q8_0 values as two 4-bit
+    halves took 11.4 ms at 16 rows)."""
 
     rough: torch.Tensor  # (vocab, hidden), bfloat16: the first pass
     weight: torch.Tensor  # (vocab, hidden), float: the exact rows
@@ -137,21 +136,19 @@ class TwoPassHead:
         return logits.reshape(*x.shape[:-1], -1)
 
 
-def _pack_rows(
-    weight: torch.Tensor, grid: Callable[[torch.Tensor], Grid | None]
-) -> Int4Weight | None:
-    """``grid`` applied to ``CHUNK_ROWS`` rows at a time (a large matrix's temporaries
-    stay small: the LM head's would be several copies of its 113 MB), each chunk packed
-    into the kernel's layout, which keeps blocks of 64 rows apart (a matrix whose rows
-    are not a multiple of 64 is packed whole); None for a shape the kernel refuses
-    (rows not a multiple of 16, inputs not of ``BLOCK``) or a chunk off the grid."""
+def _pack_rows(weight: torch.Tensor) -> Int4Weight | None:
+    """``_grid_4bit`` applied to ``CHUNK_ROWS`` rows at a time (a large matrix's
+    temporaries stay small), each chunk packed into the kernel's layout, which keeps
+    blocks of 64 rows apart (a matrix whose rows are not a multiple of 64 is packed
+    whole); None for a shape the kernel refuses (rows not a multiple of 16, inputs not
+    of ``BLOCK``) or a chunk off the grid."""
     if weight.dim() != 2 or weight.shape[1] % BLOCK or weight.shape[0] % 16:
         return None
     packed, steps, offsets = [], [], []
     # chunks join only when the kernel packs the whole in 64-row blocks
     chunk = CHUNK_ROWS if weight.shape[0] % ROW_BLOCK == 0 else weight.shape[0]
     for rows in weight.detach().split(chunk):
-        found = grid(rows.to(torch.float32).reshape(rows.shape[0], -1, BLOCK))
+        found = _grid_4bit(rows.to(torch.float32).reshape(rows.shape[0], -1, BLOCK))
         if found is None:
             return None
         codes, step, offset = found
